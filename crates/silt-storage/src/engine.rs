@@ -1,0 +1,324 @@
+//! [`Storage`]: the commitlog and its consume-queue index behind one handle.
+//!
+//! Layout of a data directory: `log/` (segment files) and `index/` (RocksDB). Opening recovers
+//! the log tail, then resumes indexing from the index's checkpoint — or rebuilds the index from
+//! the log when the checkpoint is missing (a deleted index) or lies past the recovered end of
+//! the log (a machine crash under `fsync = "never"` lost a tail the index had seen).
+//!
+//! Threads: one writer (group commit), one dispatcher. Every method is safe to call from any
+//! thread; the `async` ones never block a runtime thread, the `*_blocking` ones must not be
+//! called from inside one.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use silt_types::{LogPosition, Offset, QueueId, Timestamp, TopicFilter};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+
+use crate::config::StorageConfig;
+use crate::dispatch::{DispatchListener, Dispatcher, OP_DROP_FILTER, OP_REGISTER_FILTER};
+use crate::error::{Error, Result};
+use crate::format::{self, Record};
+use crate::index::{Index, IndexEntry, QueueName};
+use crate::log::{Appended, LogShared, PendingAppend, SealedSegment, Writer, WriterMsg};
+
+/// Figures for stats pages and benchmarks.
+#[derive(Clone, Debug, Default)]
+pub struct StorageStats {
+    pub log_start: LogPosition,
+    pub log_end: LogPosition,
+    pub dispatched: LogPosition,
+    pub segments: usize,
+    pub tail_cache_bytes: u64,
+    pub index_sst_bytes: u64,
+    pub index_memtable_bytes: u64,
+}
+
+pub struct Storage {
+    log: Arc<LogShared>,
+    /// Taken at close so the RocksDB lock is released and the directory can be reopened.
+    index: std::sync::RwLock<Option<Arc<Index>>>,
+    writer_tx: Sender<WriterMsg>,
+    pending: Arc<Semaphore>,
+    progress: watch::Receiver<LogPosition>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    closed: AtomicBool,
+}
+
+impl Storage {
+    /// Opens (creating if needed) the storage engine in `dir`.
+    pub fn open(dir: &Path, config: StorageConfig) -> Result<Storage> {
+        Self::open_with(dir, config, Vec::new())
+    }
+
+    /// Opens the engine with listeners told after each dispatch round.
+    pub fn open_with(dir: &Path, config: StorageConfig, listeners: Vec<Arc<dyn DispatchListener>>) -> Result<Storage> {
+        config.validate().map_err(Error::Invalid)?;
+        let (log, active) = LogShared::open(&dir.join("log"), config.clone())?;
+        let index_dir = dir.join("index");
+        let mut index = Index::open(&index_dir, &config)?;
+        let (start, end) = (log.start(), log.end());
+        let cursor = match index.checkpoint()? {
+            None => {
+                if index.next_queue_id()? != 0 {
+                    tracing::warn!("index has queues but no checkpoint; rebuilding");
+                    index = rebuild(index, &index_dir, &config)?;
+                } else if end > start {
+                    tracing::info!(from = %start, to = %end, "building the index from the commitlog");
+                }
+                start
+            }
+            Some(c) if c > end => {
+                tracing::warn!(
+                    checkpoint = %c, log_end = %end,
+                    "index is ahead of the recovered commitlog; rebuilding it from the log"
+                );
+                index = rebuild(index, &index_dir, &config)?;
+                start
+            }
+            Some(c) => c,
+        };
+        let index = Arc::new(index);
+        let (progress_tx, progress) = watch::channel(cursor);
+        let dispatcher =
+            Dispatcher::new(log.clone(), index.clone(), cursor, config.queue_cache_entries, listeners, progress_tx)?;
+        let (writer_tx, writer_rx) = std::sync::mpsc::channel();
+        let writer = Writer::new(log.clone(), active, writer_rx);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name.into()).spawn(f).map_err(Error::io("spawn thread", PathBuf::new()))
+        };
+        let threads = vec![
+            spawn("silt-log-writer", Box::new(move || writer.run()))?,
+            spawn("silt-dispatch", Box::new(move || dispatcher.run(stop2)))?,
+        ];
+        let permits = config.max_pending_bytes.min(Semaphore::MAX_PERMITS as u64) as usize;
+        Ok(Storage {
+            log,
+            index: std::sync::RwLock::new(Some(index)),
+            writer_tx,
+            pending: Arc::new(Semaphore::new(permits)),
+            progress,
+            stop,
+            threads: Mutex::new(threads),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn index(&self) -> Result<Arc<Index>> {
+        self.index.read().expect("invariant: lock not poisoned").clone().ok_or(Error::Closed)
+    }
+
+    pub fn config(&self) -> &StorageConfig {
+        &self.log.config
+    }
+
+    /// Appends `records` as one batch. Returns once the batch is written and, under
+    /// `fsync = "always"`, fsynced. Concurrent appends share writes and fsyncs.
+    pub async fn append(&self, records: &[Record]) -> Result<Appended> {
+        if records.iter().any(|r| r.control) {
+            return Err(Error::Invalid("control records are internal to the log".into()));
+        }
+        self.append_any(records).await
+    }
+
+    async fn append_any(&self, records: &[Record]) -> Result<Appended> {
+        if self.log.has_failed() || self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let batch = format::encode_batch(records, self.log.config.max_batch_bytes as usize)?;
+        let n = (batch.frame.len() as u64).min(self.log.config.max_pending_bytes) as u32;
+        let permit = self.pending.clone().acquire_many_owned(n).await.map_err(|_| Error::Closed)?;
+        let (done, rx) = oneshot::channel();
+        self.writer_tx
+            .send(WriterMsg::Append(PendingAppend { batch, done, _permit: permit }))
+            .map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    pub fn append_blocking(&self, records: &[Record]) -> Result<Appended> {
+        block_on(self.append(records))
+    }
+
+    /// Fsyncs everything written so far (for `interval`/`never` callers that need a barrier).
+    pub async fn sync(&self) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.writer_tx.send(WriterMsg::Sync(tx)).map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Waits until the log is indexed up to `pos`.
+    pub async fn wait_dispatched(&self, pos: LogPosition) -> Result<()> {
+        let mut rx = self.progress.clone();
+        rx.wait_for(|p| *p >= pos).await.map(|_| ()).map_err(|_| Error::Closed)
+    }
+
+    pub fn wait_dispatched_blocking(&self, pos: LogPosition) -> Result<()> {
+        block_on(self.wait_dispatched(pos))
+    }
+
+    /// The log is indexed up to here.
+    pub fn dispatched(&self) -> LogPosition {
+        *self.progress.borrow()
+    }
+
+    /// A receiver of dispatch progress, for async waiters.
+    pub fn watch_dispatched(&self) -> watch::Receiver<LogPosition> {
+        self.progress.clone()
+    }
+
+    /// Registers a wildcard filter queue (idempotent): from now on every record whose topic
+    /// matches `filter` also gets an entry in it. Returns the queue's id once it is indexed.
+    pub async fn register_filter(&self, filter: &TopicFilter) -> Result<QueueId> {
+        if let Some(id) = self.queue_id(&QueueName::Filter(filter.as_str().to_owned()))? {
+            return Ok(id);
+        }
+        let appended = self.append_any(&[control(OP_REGISTER_FILTER, filter)]).await?;
+        self.wait_dispatched(appended.end).await?;
+        self.queue_id(&QueueName::Filter(filter.as_str().to_owned()))?
+            .ok_or_else(|| Error::Invalid(format!("filter {filter} was dropped while registering")))
+    }
+
+    pub fn register_filter_blocking(&self, filter: &TopicFilter) -> Result<QueueId> {
+        block_on(self.register_filter(filter))
+    }
+
+    /// Drops a filter queue and its entries (the records stay in the log).
+    pub async fn drop_filter(&self, filter: &TopicFilter) -> Result<()> {
+        let appended = self.append_any(&[control(OP_DROP_FILTER, filter)]).await?;
+        self.wait_dispatched(appended.end).await
+    }
+
+    pub fn drop_filter_blocking(&self, filter: &TopicFilter) -> Result<()> {
+        block_on(self.drop_filter(filter))
+    }
+
+    /// The id of a queue, if it exists.
+    pub fn queue_id(&self, name: &QueueName) -> Result<Option<QueueId>> {
+        Ok(self.index()?.lookup(name)?.map(|m| m.id))
+    }
+
+    /// `(first, next)`: the offset of a queue's first entry and the offset its next entry will
+    /// get (equal when the queue is empty).
+    pub fn queue_bounds(&self, id: QueueId) -> Result<(Offset, Offset)> {
+        let index = self.index()?;
+        let next = index.last_offset(id)?.map_or(Offset(0), Offset::next);
+        let first = index.first_offset(id)?.unwrap_or(next);
+        Ok((first, next))
+    }
+
+    /// Up to `max` index entries of a queue from offset `from`.
+    pub fn read_index(&self, id: QueueId, from: Offset, max: usize) -> Result<Vec<(Offset, IndexEntry)>> {
+        self.index()?.read(id, from, max)
+    }
+
+    /// The record an index entry points at. Payload bytes are shared, not copied.
+    pub fn read_record(&self, entry: &IndexEntry) -> Result<Record> {
+        let bytes = self.log.read(entry.position, entry.size as usize)?;
+        Record::decode(&bytes).map_err(|source| Error::Corrupt { position: entry.position.get(), source })
+    }
+
+    /// Up to `max` records of a queue from offset `from`, with their offsets.
+    pub fn read_queue(&self, id: QueueId, from: Offset, max: usize) -> Result<Vec<(Offset, Record)>> {
+        self.read_index(id, from, max)?.into_iter().map(|(o, e)| Ok((o, self.read_record(&e)?))).collect()
+    }
+
+    /// Raw bytes of the log (for tiering and tests).
+    pub fn read_log(&self, pos: LogPosition, len: usize) -> Result<Bytes> {
+        self.log.read(pos, len)
+    }
+
+    /// Told of every segment sealed from now on.
+    pub fn subscribe_sealed(&self) -> mpsc::UnboundedReceiver<SealedSegment> {
+        self.log.subscribe_sealed()
+    }
+
+    /// Segments sealed so far.
+    pub fn sealed_segments(&self) -> Vec<SealedSegment> {
+        self.log.sealed_segments()
+    }
+
+    pub fn stats(&self) -> StorageStats {
+        let (sst, mem) = self.index().map(|i| i.approximate_sizes()).unwrap_or_default();
+        StorageStats {
+            log_start: self.log.start(),
+            log_end: self.log.end(),
+            dispatched: self.dispatched(),
+            segments: self.log.sealed_segments().len() + 1,
+            tail_cache_bytes: self.log.tail_bytes(),
+            index_sst_bytes: sst,
+            index_memtable_bytes: mem,
+        }
+    }
+
+    /// Writes and fsyncs everything appended, indexes it, flushes the index and stops the
+    /// threads. Appends after this fail with `Closed`.
+    pub fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let _ = self.writer_tx.send(WriterMsg::Shutdown);
+        let mut threads = std::mem::take(&mut *self.threads.lock().expect("invariant: lock not poisoned"));
+        // Writer first: the dispatcher must see the final end of the log before it stops.
+        if !threads.is_empty() {
+            let writer = threads.remove(0);
+            let _ = writer.join();
+        }
+        self.stop.store(true, Ordering::Release);
+        for t in threads {
+            let _ = t.join();
+        }
+        self.pending.close();
+        self.index.write().expect("invariant: lock not poisoned").take();
+        if self.log.has_failed() { Err(Error::Closed) } else { Ok(()) }
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+fn control(op: u8, filter: &TopicFilter) -> Record {
+    let mut value = Vec::with_capacity(1 + filter.as_str().len());
+    value.push(op);
+    value.extend_from_slice(filter.as_str().as_bytes());
+    Record { timestamp: Timestamp::now(), value: Bytes::from(value), control: true, ..Record::default() }
+}
+
+/// Deletes the index directory and opens an empty one.
+fn rebuild(index: Index, dir: &Path, config: &StorageConfig) -> Result<Index> {
+    drop(index);
+    std::fs::remove_dir_all(dir).map_err(Error::io("remove index", dir))?;
+    Index::open(dir, config)
+}
+
+/// Runs a future to completion on the calling thread. The engine's futures only wait on tokio's
+/// runtime-independent sync primitives, so no runtime is needed.
+fn block_on<F: Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = pin!(f);
+    loop {
+        match f.as_mut().poll(&mut cx) {
+            Poll::Ready(v) => return v,
+            Poll::Pending => std::thread::park(),
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! The storage engine's error type.
+
+use std::path::PathBuf;
+
+use crate::format::FormatError;
+
+/// What a caller may do about an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Bad input from the caller (a record too large, an invalid name).
+    InvalidInput,
+    /// Stored data failed its checks.
+    Corrupt,
+    /// The engine is shut down or has stopped after a fatal I/O error.
+    Closed,
+    /// An I/O or index failure.
+    Internal,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{op} {path}: {source}")]
+    Io { op: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("invalid input: {0}")]
+    Invalid(String),
+    #[error("corrupt data at position {position}: {source}")]
+    Corrupt { position: u64, source: FormatError },
+    #[error("record format: {0}")]
+    Format(#[from] FormatError),
+    #[error("index: {0}")]
+    Index(#[from] rocksdb::Error),
+    #[error("position {0} is not in the log")]
+    NotFound(u64),
+    #[error("storage is closed")]
+    Closed,
+}
+
+impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Invalid(_) | Error::Format(_) => ErrorKind::InvalidInput,
+            Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::Closed => ErrorKind::Closed,
+            Error::Io { .. } | Error::Index(_) | Error::NotFound(_) => ErrorKind::Internal,
+        }
+    }
+
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { op, path, source }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,497 @@
+//! The commitlog's on-disk format, version 1. Pure encoding and decoding: no I/O.
+//!
+//! Both readers of the log shape it: Kafka fetch wants a partition's records with key, value,
+//! headers and timestamp; MQTT delivery wants the topic, payload and properties. A record keeps
+//! all of them, self-contained, so a consume-queue entry can point at one record and a reader
+//! decodes it alone, slicing key, value and header values out of the buffer without copying.
+//!
+//! ```text
+//! segment file := header batch*
+//! header       := magic "SILTLOG\0" (8) | version u16 = 1 | reserved (6 zero bytes)
+//! batch        := len u32 | crc u32 | body            (crc = CRC32C of body, len = |body|)
+//! body         := version u8 = 1 | attributes u8 = 0 | reserved u16 | count u32 | record*count
+//! record       := len u32 (whole record, this field included)
+//!                 | flags u8 (bit 0: control record) | reserved u8 | attrs u16
+//!                 | timestamp i64 (ms since epoch) | partition u32
+//!                 | stream: u16 len, UTF-8 | topic: u16 len, UTF-8 (empty: none)
+//!                 | key: u32 len (0xFFFF_FFFF: null), bytes | value: u32 len, bytes
+//!                 | headers: u16 count, (name: u16 len UTF-8, value: u32 len bytes)*count
+//! ```
+//!
+//! All integers are little-endian. A batch is the unit of atomicity and of the CRC: recovery
+//! keeps whole batches only. `attrs` belongs to the protocol layer (MQTT QoS, retain, payload
+//! format) and is opaque here. Decoding never trusts a length: every length is checked against
+//! the bytes present before anything is sliced or allocated.
+
+use bytes::{BufMut, Bytes};
+use silt_types::{Partition, Timestamp};
+
+/// Magic bytes at the start of every segment file.
+pub const SEGMENT_MAGIC: &[u8; 8] = b"SILTLOG\0";
+/// Current segment and batch format version.
+pub const FORMAT_VERSION: u16 = 1;
+/// Size of the segment file header; the first batch of a segment starts here.
+pub const SEGMENT_HEADER_LEN: u64 = 16;
+/// Size of a batch's frame (len + crc).
+pub const FRAME_LEN: usize = 8;
+/// Size of a batch body's header (version, attributes, reserved, count).
+pub const BODY_HEADER_LEN: usize = 8;
+/// Fixed part of a record before its variable fields.
+const RECORD_FIXED_LEN: usize = 4 + 1 + 1 + 2 + 8 + 4;
+
+const FLAG_CONTROL: u8 = 1;
+const NULL_KEY: u32 = u32::MAX;
+
+/// Why bytes are not a valid batch or record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("need {needed} bytes, have {have}")]
+    Truncated { needed: usize, have: usize },
+    #[error("batch length {0} exceeds the maximum")]
+    TooLarge(u64),
+    #[error("CRC mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Crc { stored: u32, computed: u32 },
+    #[error("unknown format version {0}")]
+    Version(u16),
+    #[error("malformed record: {0}")]
+    Malformed(&'static str),
+    #[error("bad segment header")]
+    SegmentHeader,
+}
+
+/// One message as stored in the log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    pub timestamp: Timestamp,
+    /// The stream (Kafka topic) the record belongs to; empty when it belongs to none.
+    pub stream: String,
+    pub partition: Partition,
+    /// The MQTT topic name; empty when the record has none.
+    pub topic: String,
+    pub key: Option<Bytes>,
+    pub value: Bytes,
+    pub headers: Vec<(String, Bytes)>,
+    /// Protocol attributes (MQTT QoS, retain, payload format), opaque to storage.
+    pub attrs: u16,
+    /// The log's internal records (queue registrations). Never set by callers: `append`
+    /// refuses such records; readers of a queue never see them.
+    pub control: bool,
+}
+
+impl Record {
+    /// Encoded size of this record.
+    pub fn encoded_len(&self) -> usize {
+        RECORD_FIXED_LEN
+            + 2
+            + self.stream.len()
+            + 2
+            + self.topic.len()
+            + 4
+            + self.key.as_ref().map_or(0, Bytes::len)
+            + 4
+            + self.value.len()
+            + 2
+            + self.headers.iter().map(|(k, v)| 2 + k.len() + 4 + v.len()).sum::<usize>()
+    }
+
+    /// Checks the lengths the format can represent.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        let short = |s: &str| s.len() <= u16::MAX as usize;
+        if !short(&self.stream) || !short(&self.topic) {
+            return Err(FormatError::Malformed("stream or topic longer than 65535 bytes"));
+        }
+        if self.headers.len() > u16::MAX as usize || !self.headers.iter().all(|(k, _)| short(k)) {
+            return Err(FormatError::Malformed("too many headers or header name too long"));
+        }
+        if self.key.as_ref().is_some_and(|k| k.len() >= NULL_KEY as usize)
+            || self.value.len() > u32::MAX as usize
+            || self.headers.iter().any(|(_, v)| v.len() > u32::MAX as usize)
+        {
+            return Err(FormatError::Malformed("field longer than 4 GiB"));
+        }
+        Ok(())
+    }
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        let len = self.encoded_len();
+        out.reserve(len);
+        out.put_u32_le(len as u32);
+        out.put_u8(if self.control { FLAG_CONTROL } else { 0 });
+        out.put_u8(0);
+        out.put_u16_le(self.attrs);
+        out.put_i64_le(self.timestamp.get());
+        out.put_u32_le(self.partition.get());
+        out.put_u16_le(self.stream.len() as u16);
+        out.put_slice(self.stream.as_bytes());
+        out.put_u16_le(self.topic.len() as u16);
+        out.put_slice(self.topic.as_bytes());
+        match &self.key {
+            Some(k) => {
+                out.put_u32_le(k.len() as u32);
+                out.put_slice(k);
+            }
+            None => out.put_u32_le(NULL_KEY),
+        }
+        out.put_u32_le(self.value.len() as u32);
+        out.put_slice(&self.value);
+        out.put_u16_le(self.headers.len() as u16);
+        for (k, v) in &self.headers {
+            out.put_u16_le(k.len() as u16);
+            out.put_slice(k.as_bytes());
+            out.put_u32_le(v.len() as u32);
+            out.put_slice(v);
+        }
+    }
+
+    /// Decodes one record from `buf`, which must hold exactly that record. Key, value and
+    /// header values are slices of `buf`.
+    pub fn decode(buf: &Bytes) -> Result<Record, FormatError> {
+        let mut r = Reader { buf, pos: 0 };
+        let len = r.u32()? as usize;
+        if len != buf.len() {
+            return Err(FormatError::Malformed("record length does not match its frame"));
+        }
+        let flags = r.u8()?;
+        r.u8()?;
+        let attrs = r.u16()?;
+        let timestamp = Timestamp(r.u64()? as i64);
+        let partition = Partition(r.u32()?);
+        let stream = r.string16()?;
+        let topic = r.string16()?;
+        let key_len = r.u32()?;
+        let key = if key_len == NULL_KEY { None } else { Some(r.bytes(key_len as usize)?) };
+        let value_len = r.u32()? as usize;
+        let value = r.bytes(value_len)?;
+        let header_count = r.u16()?;
+        let mut headers = Vec::with_capacity(usize::from(header_count).min(buf.len() / 6));
+        for _ in 0..header_count {
+            let name = r.string16()?;
+            let vlen = r.u32()? as usize;
+            headers.push((name, r.bytes(vlen)?));
+        }
+        if r.pos != buf.len() {
+            return Err(FormatError::Malformed("trailing bytes after record"));
+        }
+        Ok(Record {
+            timestamp,
+            stream,
+            partition,
+            topic,
+            key,
+            value,
+            headers,
+            attrs,
+            control: flags & FLAG_CONTROL != 0,
+        })
+    }
+
+    /// True for the log's internal records, which readers of a queue never see.
+    pub fn is_control(&self) -> bool {
+        self.control
+    }
+}
+
+/// The fields dispatch needs, read without allocating or slicing the payload.
+#[derive(Debug)]
+pub(crate) struct RecordHead<'a> {
+    pub control: bool,
+    pub timestamp: Timestamp,
+    pub partition: Partition,
+    pub stream: &'a str,
+    pub topic: &'a str,
+    /// The value, for control records.
+    pub value: &'a [u8],
+}
+
+impl<'a> RecordHead<'a> {
+    /// Decodes the head of one record occupying all of `buf`.
+    pub fn decode(buf: &'a [u8]) -> Result<RecordHead<'a>, FormatError> {
+        let mut pos = 0usize;
+        let mut take = |n: usize| -> Result<&'a [u8], FormatError> {
+            let have = buf.len() - pos;
+            if n > have {
+                return Err(FormatError::Truncated { needed: n, have });
+            }
+            pos += n;
+            Ok(&buf[pos - n..pos])
+        };
+        let le16 = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]) as usize;
+        let le32 = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let fixed = take(RECORD_FIXED_LEN)?;
+        if le32(&fixed[..4]) as usize != buf.len() {
+            return Err(FormatError::Malformed("record length does not match its frame"));
+        }
+        let control = fixed[4] & FLAG_CONTROL != 0;
+        let timestamp = Timestamp(i64::from_le_bytes(fixed[8..16].try_into().expect("invariant: 8 bytes")));
+        let partition = Partition(le32(&fixed[16..20]));
+        let utf8 = |b: &'a [u8]| std::str::from_utf8(b).map_err(|_| FormatError::Malformed("string is not UTF-8"));
+        let n = le16(take(2)?);
+        let stream = utf8(take(n)?)?;
+        let n = le16(take(2)?);
+        let topic = utf8(take(n)?)?;
+        let key_len = le32(take(4)?);
+        if key_len != NULL_KEY {
+            take(key_len as usize)?;
+        }
+        let n = le32(take(4)?) as usize;
+        let value = take(n)?;
+        Ok(RecordHead { control, timestamp, partition, stream, topic, value })
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a Bytes,
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<std::ops::Range<usize>, FormatError> {
+        let have = self.buf.len() - self.pos;
+        if n > have {
+            return Err(FormatError::Truncated { needed: n, have });
+        }
+        let r = self.pos..self.pos + n;
+        self.pos += n;
+        Ok(r)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], FormatError> {
+        let r = self.take(N)?;
+        Ok(self.buf[r].try_into().expect("invariant: range has length N"))
+    }
+    fn u8(&mut self) -> Result<u8, FormatError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, FormatError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, FormatError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn bytes(&mut self, n: usize) -> Result<Bytes, FormatError> {
+        let r = self.take(n)?;
+        Ok(self.buf.slice(r))
+    }
+    fn string16(&mut self) -> Result<String, FormatError> {
+        let n = self.u16()? as usize;
+        let r = self.take(n)?;
+        std::str::from_utf8(&self.buf[r]).map(str::to_owned).map_err(|_| FormatError::Malformed("string is not UTF-8"))
+    }
+}
+
+/// A batch encoded and checksummed by the appending thread, ready for the writer to place.
+#[derive(Debug)]
+pub struct EncodedBatch {
+    /// The whole frame: len, crc, body.
+    pub frame: Vec<u8>,
+    /// Offset of each record from the start of the frame, and its length.
+    pub records: Vec<(u32, u32)>,
+}
+
+/// Encodes `records` as one framed batch. Fails when a record cannot be represented or the
+/// batch exceeds `max_batch_bytes`.
+pub fn encode_batch(records: &[Record], max_batch_bytes: usize) -> Result<EncodedBatch, FormatError> {
+    let mut body_len = BODY_HEADER_LEN;
+    for r in records {
+        r.validate()?;
+        body_len += r.encoded_len();
+    }
+    if body_len > max_batch_bytes || records.len() > u32::MAX as usize {
+        return Err(FormatError::TooLarge(body_len as u64));
+    }
+    let mut frame = Vec::with_capacity(FRAME_LEN + body_len);
+    frame.put_u32_le(body_len as u32);
+    frame.put_u32_le(0); // CRC, filled in below
+    frame.put_u8(FORMAT_VERSION as u8);
+    frame.put_u8(0);
+    frame.put_u16_le(0);
+    frame.put_u32_le(records.len() as u32);
+    let mut offsets = Vec::with_capacity(records.len());
+    for r in records {
+        let start = frame.len();
+        r.encode_into(&mut frame);
+        offsets.push((start as u32, (frame.len() - start) as u32));
+    }
+    let crc = crc32c::crc32c(&frame[FRAME_LEN..]);
+    frame[4..8].copy_from_slice(&crc.to_le_bytes());
+    Ok(EncodedBatch { frame, records: offsets })
+}
+
+/// What the frame header at the start of `buf` says, without checking the body.
+/// `Ok(None)` means `buf` is too short to hold a frame header.
+pub fn peek_frame(buf: &[u8], max_batch_bytes: usize) -> Result<Option<usize>, FormatError> {
+    if buf.len() < FRAME_LEN {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(buf[0..4].try_into().expect("invariant: 4 bytes")) as usize;
+    if len < BODY_HEADER_LEN || len > max_batch_bytes {
+        return Err(FormatError::TooLarge(len as u64));
+    }
+    Ok(Some(FRAME_LEN + len))
+}
+
+/// A checked batch: the records it holds, as (offset in frame, length) pairs.
+#[derive(Debug)]
+pub struct BatchView {
+    pub frame: Bytes,
+    pub records: Vec<(u32, u32)>,
+}
+
+impl BatchView {
+    /// Decodes the record at index `i`.
+    pub fn record(&self, i: usize) -> Result<Record, FormatError> {
+        let (off, len) = self.records[i];
+        Record::decode(&self.frame.slice(off as usize..(off + len) as usize))
+    }
+}
+
+/// Verifies a whole frame (CRC, version, record framing) and indexes its records.
+pub fn check_batch(frame: Bytes, max_batch_bytes: usize) -> Result<BatchView, FormatError> {
+    let total = match peek_frame(&frame, max_batch_bytes)? {
+        Some(n) => n,
+        None => return Err(FormatError::Truncated { needed: FRAME_LEN, have: frame.len() }),
+    };
+    if frame.len() != total {
+        return Err(FormatError::Truncated { needed: total, have: frame.len() });
+    }
+    let stored = u32::from_le_bytes(frame[4..8].try_into().expect("invariant: 4 bytes"));
+    let computed = crc32c::crc32c(&frame[FRAME_LEN..]);
+    if stored != computed {
+        return Err(FormatError::Crc { stored, computed });
+    }
+    let version = u16::from(frame[FRAME_LEN]);
+    if version != FORMAT_VERSION {
+        return Err(FormatError::Version(version));
+    }
+    let count = u32::from_le_bytes(frame[FRAME_LEN + 4..FRAME_LEN + 8].try_into().expect("invariant: 4 bytes"));
+    let mut records = Vec::with_capacity((count as usize).min(frame.len() / RECORD_FIXED_LEN));
+    let mut pos = FRAME_LEN + BODY_HEADER_LEN;
+    for _ in 0..count {
+        if frame.len() - pos < 4 {
+            return Err(FormatError::Malformed("record count exceeds batch"));
+        }
+        let len = u32::from_le_bytes(frame[pos..pos + 4].try_into().expect("invariant: 4 bytes")) as usize;
+        if len < RECORD_FIXED_LEN || len > frame.len() - pos {
+            return Err(FormatError::Malformed("record length out of bounds"));
+        }
+        records.push((pos as u32, len as u32));
+        pos += len;
+    }
+    if pos != frame.len() {
+        return Err(FormatError::Malformed("bytes after the last record"));
+    }
+    Ok(BatchView { frame, records })
+}
+
+/// The 16-byte header every segment file starts with.
+pub fn segment_header() -> [u8; SEGMENT_HEADER_LEN as usize] {
+    let mut h = [0u8; SEGMENT_HEADER_LEN as usize];
+    h[..8].copy_from_slice(SEGMENT_MAGIC);
+    h[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h
+}
+
+/// Checks a segment file header.
+pub fn check_segment_header(h: &[u8]) -> Result<(), FormatError> {
+    if h.len() < SEGMENT_HEADER_LEN as usize || &h[..8] != SEGMENT_MAGIC {
+        return Err(FormatError::SegmentHeader);
+    }
+    let v = u16::from_le_bytes([h[8], h[9]]);
+    if v != FORMAT_VERSION {
+        return Err(FormatError::Version(v));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn arb_record() -> impl Strategy<Value = Record> {
+        (
+            any::<i64>(),
+            "[a-z]{0,8}",
+            any::<u32>(),
+            "[a-z/+]{0,12}",
+            prop::option::of(prop::collection::vec(any::<u8>(), 0..16)),
+            prop::collection::vec(any::<u8>(), 0..256),
+            prop::collection::vec(("[a-z]{0,6}", prop::collection::vec(any::<u8>(), 0..8)), 0..4),
+            any::<u16>(),
+        )
+            .prop_map(|(ts, stream, p, topic, key, value, headers, attrs)| Record {
+                timestamp: Timestamp(ts),
+                stream,
+                partition: Partition(p),
+                topic,
+                key: key.map(Bytes::from),
+                value: Bytes::from(value),
+                headers: headers.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect(),
+                attrs,
+                control: false,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn batch_round_trips(records in prop::collection::vec(arb_record(), 0..20)) {
+            let enc = encode_batch(&records, 1 << 24).unwrap();
+            let view = check_batch(Bytes::from(enc.frame), 1 << 24).unwrap();
+            prop_assert_eq!(&view.records, &enc.records);
+            for (i, r) in records.iter().enumerate() {
+                prop_assert_eq!(&view.record(i).unwrap(), r);
+            }
+        }
+
+        #[test]
+        fn decoding_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let b = Bytes::from(bytes);
+            let _ = check_batch(b.clone(), 1 << 20);
+            let _ = Record::decode(&b);
+        }
+
+        #[test]
+        fn any_flipped_bit_is_detected(
+            records in prop::collection::vec(arb_record(), 1..5),
+            at in any::<prop::sample::Index>(),
+            bit in 0u8..8,
+        ) {
+            let mut frame = encode_batch(&records, 1 << 24).unwrap().frame;
+            let i = at.index(frame.len());
+            frame[i] ^= 1 << bit;
+            prop_assert!(check_batch(Bytes::from(frame), 1 << 24).is_err());
+        }
+    }
+
+    #[test]
+    fn head_agrees_with_full_decode() {
+        let r = Record {
+            timestamp: Timestamp(42),
+            stream: "s".into(),
+            partition: Partition(3),
+            topic: "a/b".into(),
+            key: Some(Bytes::from_static(b"k")),
+            value: Bytes::from_static(b"v"),
+            headers: vec![("h".into(), Bytes::from_static(b"x"))],
+            attrs: 7,
+            control: true,
+        };
+        let enc = encode_batch(std::slice::from_ref(&r), 1 << 20).unwrap();
+        let (off, len) = enc.records[0];
+        let h = RecordHead::decode(&enc.frame[off as usize..(off + len) as usize]).unwrap();
+        assert!(h.control);
+        assert_eq!(
+            (h.timestamp, h.partition, h.stream, h.topic, h.value),
+            (r.timestamp, r.partition, "s", "a/b", &b"v"[..])
+        );
+    }
+
+    #[test]
+    fn oversized_batch_is_refused() {
+        let r = Record { value: Bytes::from(vec![0; 100]), ..Record::default() };
+        assert!(matches!(encode_batch(&[r], 64), Err(FormatError::TooLarge(_))));
+    }
+}

@@ -1,0 +1,307 @@
+//! The consume-queue index in RocksDB.
+//!
+//! Column families:
+//! - `meta`: `dispatched` → the log position up to which every batch is indexed (u64 BE);
+//!   `next_queue_id` → u64 BE.
+//! - `registry`: encoded [`QueueName`] → queue id (u64 BE) ‖ since (u64 BE): the log position of
+//!   the record that created the queue (filter queues index only records after it).
+//! - `cq`: queue id (u64 BE) ‖ offset (u64 BE) → position (u64 LE) ‖ size (u32 LE) ‖ timestamp
+//!   (i64 LE). Big-endian keys make a queue one contiguous, ordered range.
+//!
+//! Everything here is derived from the commitlog, which is the write-ahead log: writes go with
+//! RocksDB's WAL disabled, and `atomic_flush` keeps the checkpoint and the entries it covers
+//! in step across column families. After a crash the index resumes from the last flushed
+//! checkpoint; deleting the directory costs a rebuild, never data.
+
+use std::path::Path;
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, ReadOptions,
+    SliceTransform, WriteBatch, WriteOptions,
+};
+use silt_types::{LogPosition, Offset, Partition, QueueId, Timestamp};
+
+use crate::config::StorageConfig;
+use crate::error::Result;
+
+const CF_META: &str = "meta";
+const CF_REGISTRY: &str = "registry";
+const CF_CQ: &str = "cq";
+const KEY_DISPATCHED: &[u8] = b"dispatched";
+const KEY_NEXT_QUEUE: &[u8] = b"next_queue_id";
+
+/// A queue's durable name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QueueName {
+    /// A stream partition: the Kafka view.
+    Partition { stream: String, partition: Partition },
+    /// Every message published to one MQTT topic.
+    Topic(String),
+    /// Every message matching an MQTT wildcard filter held by a persistent subscription.
+    Filter(String),
+}
+
+impl QueueName {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        match self {
+            QueueName::Partition { stream, partition } => {
+                let mut k = Vec::with_capacity(1 + 2 + stream.len() + 4);
+                k.push(b'p');
+                k.extend_from_slice(&(stream.len() as u16).to_be_bytes());
+                k.extend_from_slice(stream.as_bytes());
+                k.extend_from_slice(&partition.get().to_be_bytes());
+                k
+            }
+            QueueName::Topic(t) => [b"t".as_slice(), t.as_bytes()].concat(),
+            QueueName::Filter(f) => [b"f".as_slice(), f.as_bytes()].concat(),
+        }
+    }
+}
+
+/// One consume-queue entry: where a record is in the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub position: LogPosition,
+    pub size: u32,
+    pub timestamp: Timestamp,
+}
+
+impl IndexEntry {
+    pub(crate) const LEN: usize = 20;
+
+    pub(crate) fn encode(&self) -> [u8; Self::LEN] {
+        let mut v = [0u8; Self::LEN];
+        v[..8].copy_from_slice(&self.position.get().to_le_bytes());
+        v[8..12].copy_from_slice(&self.size.to_le_bytes());
+        v[12..].copy_from_slice(&self.timestamp.get().to_le_bytes());
+        v
+    }
+
+    fn decode(v: &[u8]) -> Option<Self> {
+        if v.len() != Self::LEN {
+            return None;
+        }
+        Some(Self {
+            position: LogPosition(u64::from_le_bytes(v[..8].try_into().ok()?)),
+            size: u32::from_le_bytes(v[8..12].try_into().ok()?),
+            timestamp: Timestamp(i64::from_le_bytes(v[12..].try_into().ok()?)),
+        })
+    }
+}
+
+/// A registered queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QueueMeta {
+    pub id: QueueId,
+    pub since: LogPosition,
+}
+
+impl QueueMeta {
+    pub fn encode(&self) -> [u8; 16] {
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&self.id.get().to_be_bytes());
+        v[8..].copy_from_slice(&self.since.get().to_be_bytes());
+        v
+    }
+
+    fn decode(v: &[u8]) -> Option<Self> {
+        Some(Self {
+            id: QueueId(u64::from_be_bytes(v.get(..8)?.try_into().ok()?)),
+            since: LogPosition(u64::from_be_bytes(v.get(8..16)?.try_into().ok()?)),
+        })
+    }
+}
+
+pub(crate) fn cq_key(id: QueueId, offset: Offset) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&id.get().to_be_bytes());
+    k[8..].copy_from_slice(&offset.get().to_be_bytes());
+    k
+}
+
+pub(crate) struct Index {
+    db: DB,
+}
+
+impl Index {
+    pub fn open(path: &Path, config: &StorageConfig) -> Result<Index> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        // The checkpoint in `meta` must never be flushed without the entries it covers.
+        opts.set_atomic_flush(true);
+        opts.set_max_background_jobs(2);
+        opts.set_keep_log_file_num(4);
+        let cache = Cache::new_lru_cache(config.index_block_cache_bytes as usize);
+
+        let mut cq = Options::default();
+        cq.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        cq.set_bottommost_compression_type(rocksdb::DBCompressionType::Zstd);
+        cq.set_write_buffer_size(config.index_write_buffer_bytes as usize);
+        cq.set_prefix_extractor(SliceTransform::create_fixed_prefix(8));
+        cq.set_memtable_prefix_bloom_ratio(0.05);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        table.set_bloom_filter(10.0, false);
+        table.set_whole_key_filtering(false);
+        cq.set_block_based_table_factory(&table);
+
+        let mut registry = Options::default();
+        registry.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let mut rtable = BlockBasedOptions::default();
+        rtable.set_block_cache(&cache);
+        rtable.set_bloom_filter(10.0, false);
+        registry.set_block_based_table_factory(&rtable);
+
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(CF_META, Options::default()),
+            ColumnFamilyDescriptor::new(CF_REGISTRY, registry),
+            ColumnFamilyDescriptor::new(CF_CQ, cq),
+        ];
+        let db = DB::open_cf_descriptors(&opts, path, cfs)?;
+        Ok(Index { db })
+    }
+
+    fn cf(&self, name: &str) -> &ColumnFamily {
+        self.db.cf_handle(name).expect("invariant: column families are created at open")
+    }
+
+    fn get_u64(&self, key: &[u8]) -> Result<Option<u64>> {
+        let v = self.db.get_cf(self.cf(CF_META), key)?;
+        Ok(v.and_then(|v| v.as_slice().try_into().ok().map(u64::from_be_bytes)))
+    }
+
+    /// Position up to which the log is indexed, if the index was ever written.
+    pub fn checkpoint(&self) -> Result<Option<LogPosition>> {
+        Ok(self.get_u64(KEY_DISPATCHED)?.map(LogPosition))
+    }
+
+    pub fn next_queue_id(&self) -> Result<u64> {
+        Ok(self.get_u64(KEY_NEXT_QUEUE)?.unwrap_or(0))
+    }
+
+    pub fn lookup(&self, name: &QueueName) -> Result<Option<QueueMeta>> {
+        self.lookup_key(&name.encode())
+    }
+
+    pub fn lookup_key(&self, key: &[u8]) -> Result<Option<QueueMeta>> {
+        Ok(self.db.get_pinned_cf(self.cf(CF_REGISTRY), key)?.and_then(|v| QueueMeta::decode(&v)))
+    }
+
+    /// Every registered filter queue.
+    pub fn filters(&self) -> Result<Vec<(String, QueueMeta)>> {
+        let mut out = Vec::new();
+        let it = self.db.iterator_cf(self.cf(CF_REGISTRY), IteratorMode::From(b"f", Direction::Forward));
+        for item in it {
+            let (k, v) = item?;
+            if k.first() != Some(&b'f') {
+                break;
+            }
+            if let (Ok(f), Some(m)) = (std::str::from_utf8(&k[1..]), QueueMeta::decode(&v)) {
+                out.push((f.to_owned(), m));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Offset of the last entry of a queue, if it has any.
+    pub fn last_offset(&self, id: QueueId) -> Result<Option<Offset>> {
+        let mut ro = ReadOptions::default();
+        ro.set_prefix_same_as_start(true);
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_CQ), ro);
+        it.seek_for_prev(cq_key(id, Offset(u64::MAX)));
+        it.status()?;
+        Ok(it
+            .key()
+            .filter(|k| k.len() == 16 && k[..8] == id.get().to_be_bytes())
+            .map(|k| Offset(u64::from_be_bytes(k[8..].try_into().expect("invariant: 16-byte key")))))
+    }
+
+    /// Offset of the first entry of a queue, if it has any.
+    pub fn first_offset(&self, id: QueueId) -> Result<Option<Offset>> {
+        Ok(self.read(id, Offset(0), 1)?.first().map(|(o, _)| *o))
+    }
+
+    /// Up to `max` entries of queue `id` from offset `from`, in order.
+    pub fn read(&self, id: QueueId, from: Offset, max: usize) -> Result<Vec<(Offset, IndexEntry)>> {
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(cq_key(QueueId(id.get().saturating_add(1)), Offset(0)).to_vec());
+        ro.set_prefix_same_as_start(true);
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_CQ), ro);
+        it.seek(cq_key(id, from));
+        let mut out = Vec::with_capacity(max.min(1024));
+        while it.valid() && out.len() < max {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else { break };
+            if k.len() != 16 || k[..8] != id.get().to_be_bytes() {
+                break;
+            }
+            let off = Offset(u64::from_be_bytes(k[8..].try_into().expect("invariant: 16-byte key")));
+            if let Some(e) = IndexEntry::decode(v) {
+                out.push((off, e));
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+
+    /// A write batch under construction by the dispatcher.
+    pub fn batch(&self) -> IndexBatch<'_> {
+        IndexBatch { index: self, wb: WriteBatch::default() }
+    }
+
+    /// Flushes memtables so a restart resumes from here without re-dispatching.
+    pub fn flush(&self) -> Result<()> {
+        let cfs = [self.cf(CF_META), self.cf(CF_REGISTRY), self.cf(CF_CQ)];
+        self.db.flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())?;
+        Ok(())
+    }
+
+    /// Approximate bytes of SST files and live memtables, for measurements.
+    pub fn approximate_sizes(&self) -> (u64, u64) {
+        let prop = |name: &str| {
+            [CF_META, CF_REGISTRY, CF_CQ]
+                .iter()
+                .filter_map(|cf| self.db.property_int_value_cf(self.cf(cf), name).ok().flatten())
+                .sum::<u64>()
+        };
+        (prop("rocksdb.total-sst-files-size"), prop("rocksdb.cur-size-all-mem-tables"))
+    }
+}
+
+pub(crate) struct IndexBatch<'a> {
+    index: &'a Index,
+    wb: WriteBatch,
+}
+
+impl IndexBatch<'_> {
+    pub fn put_entry(&mut self, id: QueueId, offset: Offset, e: &IndexEntry) {
+        self.wb.put_cf(self.index.cf(CF_CQ), cq_key(id, offset), e.encode());
+    }
+
+    pub fn put_queue(&mut self, key: &[u8], meta: &QueueMeta) {
+        self.wb.put_cf(self.index.cf(CF_REGISTRY), key, meta.encode());
+    }
+
+    pub fn delete_queue(&mut self, key: &[u8], id: QueueId) {
+        self.wb.delete_cf(self.index.cf(CF_REGISTRY), key);
+        self.wb.delete_range_cf(
+            self.index.cf(CF_CQ),
+            cq_key(id, Offset(0)),
+            cq_key(QueueId(id.get().saturating_add(1)), Offset(0)),
+        );
+    }
+
+    pub fn put_next_queue_id(&mut self, next: u64) {
+        self.wb.put_cf(self.index.cf(CF_META), KEY_NEXT_QUEUE, next.to_be_bytes());
+    }
+
+    /// Commits the batch with the checkpoint `dispatched`, without the RocksDB WAL.
+    pub fn commit(mut self, dispatched: LogPosition) -> Result<()> {
+        self.wb.put_cf(self.index.cf(CF_META), KEY_DISPATCHED, dispatched.get().to_be_bytes());
+        let mut wo = WriteOptions::default();
+        wo.disable_wal(true);
+        self.index.db.write_opt(self.wb, &wo)?;
+        Ok(())
+    }
+}

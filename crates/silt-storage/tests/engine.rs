@@ -1,0 +1,267 @@
+//! The storage engine through its public API: appends, consume queues, multi-dispatch,
+//! restarts, segment rolls and index rebuilds.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use proptest::prelude::*;
+use silt_storage::{ErrorKind, FsyncPolicy, QueueName, Record, Storage, StorageConfig};
+use silt_types::{Partition, TopicFilter, filter_matches};
+
+#[test]
+fn appended_records_read_back_by_stream_topic_and_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let recs = vec![record("sensors", 0, "sensors/a/temp", "21.5"), record("sensors", 1, "sensors/b/temp", "19")];
+    let a = s.append_blocking(&recs).unwrap();
+    assert_eq!(a.positions.len(), 2);
+    s.wait_dispatched_blocking(a.end).unwrap();
+    assert_eq!(queue(&s, &topic("sensors/a/temp")), vec![recs[0].clone()]);
+    let p1 = QueueName::Partition { stream: "sensors".into(), partition: Partition(1) };
+    assert_eq!(queue(&s, &p1), vec![recs[1].clone()]);
+    let id = s.queue_id(&topic("sensors/b/temp")).unwrap().unwrap();
+    let (_, entry) = s.read_index(id, silt_types::Offset(0), 1).unwrap()[0];
+    assert_eq!(entry.position, a.positions[1]);
+}
+
+#[test]
+fn offsets_stay_dense_across_restarts_and_segment_rolls() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut expected = Vec::new();
+    for round in 0..3 {
+        let s = open(dir.path());
+        for i in 0..400 {
+            let r = record("s", 0, "a/b", format!("{round}-{i}-{}", "x".repeat(200)));
+            s.append_blocking(std::slice::from_ref(&r)).unwrap();
+            expected.push(r);
+        }
+        s.close().unwrap();
+    }
+    let s = open(dir.path());
+    assert!(s.sealed_segments().len() >= 3, "rolled at 64 KiB");
+    assert_eq!(queue(&s, &topic("a/b")), expected);
+    let p = QueueName::Partition { stream: "s".into(), partition: Partition(0) };
+    assert_eq!(queue(&s, &p), expected);
+}
+
+#[test]
+fn concurrent_appenders_share_group_commits_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(open_with_fsync(dir.path(), FsyncPolicy::Always));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                (0..200)
+                    .map(|i| s.append_blocking(&[record("s", 0, &format!("t/{t}"), format!("{t}:{i}"))]).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut positions: Vec<_> = threads.into_iter().flat_map(|h| h.join().unwrap()).map(|a| a.positions[0]).collect();
+    let end = s.stats().log_end;
+    s.wait_dispatched_blocking(end).unwrap();
+    positions.sort();
+    positions.dedup();
+    assert_eq!(positions.len(), 1600);
+    for t in 0..8 {
+        let got: Vec<Bytes> = queue(&s, &topic(&format!("t/{t}"))).into_iter().map(|r| r.value).collect();
+        let want: Vec<Bytes> = (0..200).map(|i| Bytes::from(format!("{t}:{i}"))).collect();
+        assert_eq!(got, want, "per-appender order is kept");
+    }
+}
+
+#[test]
+fn filter_queue_holds_exactly_the_matching_records_after_registration() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    s.append_blocking(&[record("d", 0, "devices/1/telemetry", "before")]).unwrap();
+    let f = TopicFilter::new("devices/+/telemetry").unwrap();
+    let id = s.register_filter_blocking(&f).unwrap();
+    assert_eq!(s.register_filter_blocking(&f).unwrap(), id, "registration is idempotent");
+    let a = s
+        .append_blocking(&[
+            record("d", 0, "devices/1/telemetry", "one"),
+            record("d", 0, "devices/2/status", "not matched"),
+            record("d", 0, "devices/2/telemetry", "two"),
+        ])
+        .unwrap();
+    s.wait_dispatched_blocking(a.end).unwrap();
+    let got: Vec<Bytes> = queue(&s, &filter("devices/+/telemetry")).into_iter().map(|r| r.value).collect();
+    assert_eq!(got, vec![Bytes::from("one"), Bytes::from("two")]);
+
+    s.drop_filter_blocking(&f).unwrap();
+    assert_eq!(s.queue_id(&filter("devices/+/telemetry")).unwrap(), None);
+    let a = s.append_blocking(&[record("d", 0, "devices/3/telemetry", "after drop")]).unwrap();
+    s.wait_dispatched_blocking(a.end).unwrap();
+    assert_eq!(s.queue_id(&filter("devices/+/telemetry")).unwrap(), None);
+}
+
+#[test]
+fn deleted_index_is_rebuilt_identically_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = [topic("a/x"), topic("b/y"), filter("a/#"), filter("+/y"), filter("#")];
+    let before: Vec<Vec<Record>> = {
+        let s = open(dir.path());
+        s.append_blocking(&[record("a", 0, "a/x", "early")]).unwrap();
+        for f in ["a/#", "+/y", "#"] {
+            s.register_filter_blocking(&TopicFilter::new(f).unwrap()).unwrap();
+        }
+        for i in 0..1000 {
+            let t = if i % 3 == 0 { "b/y" } else { "a/x" };
+            s.append_blocking(&[record(&t[..1], i % 4, t, format!("{i}{}", "p".repeat(100)))]).unwrap();
+        }
+        s.drop_filter_blocking(&TopicFilter::new("#").unwrap()).unwrap();
+        s.append_blocking(&[record("a", 0, "a/x", "late")]).unwrap();
+        s.close().unwrap();
+        let s = open(dir.path());
+        names.iter().map(|n| queue(&s, n)).collect()
+    };
+    assert!(before[2].len() > 600 && before[4].is_empty());
+    let ids: Vec<_> = {
+        let s = open(dir.path());
+        names.iter().map(|n| s.queue_id(n).unwrap()).collect()
+    };
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let s = open(dir.path());
+    s.wait_dispatched_blocking(s.stats().log_end).unwrap();
+    let after: Vec<Vec<Record>> = names.iter().map(|n| queue(&s, n)).collect();
+    assert_eq!(after, before);
+    let ids_after: Vec<_> = names.iter().map(|n| s.queue_id(n).unwrap()).collect();
+    assert_eq!(ids_after, ids, "queue ids are deterministic");
+}
+
+#[test]
+fn sealed_segments_are_announced() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let mut rx = s.subscribe_sealed();
+    for i in 0..100 {
+        s.append_blocking(&[record("s", 0, "t", vec![i as u8; 2000])]).unwrap();
+    }
+    let mut sealed = Vec::new();
+    while let Ok(seg) = rx.try_recv() {
+        sealed.push(seg);
+    }
+    assert!(sealed.len() >= 2, "200 KB over 64 KiB segments");
+    for w in sealed.windows(2) {
+        assert_eq!(w[0].end, w[1].base, "segments are contiguous");
+    }
+    for seg in &sealed {
+        let len = std::fs::metadata(&seg.path).unwrap().len();
+        assert_eq!(seg.base.get() + len, seg.end.get(), "announced end is the file's end");
+    }
+}
+
+#[test]
+fn segments_seal_by_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(dir.path(), StorageConfig { segment_max_age_ms: 50, ..small_config() }).unwrap();
+    let mut rx = s.subscribe_sealed();
+    s.append_blocking(&[record("s", 0, "t", "x")]).unwrap();
+    let seg = rx.blocking_recv().expect("sealed by age");
+    assert!(seg.end > seg.base);
+}
+
+#[test]
+fn oversized_batch_is_refused_as_invalid_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(dir.path(), StorageConfig { max_batch_bytes: 4096, ..small_config() }).unwrap();
+    let err = s.append_blocking(&[record("s", 0, "t", vec![0u8; 8192])]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    s.append_blocking(&[record("s", 0, "t", "fine")]).unwrap();
+}
+
+#[test]
+fn appends_after_close_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    s.close().unwrap();
+    assert_eq!(s.append_blocking(&[record("s", 0, "t", "x")]).unwrap_err().kind(), ErrorKind::Closed);
+}
+
+#[test]
+fn every_fsync_policy_keeps_what_it_acknowledged_over_a_clean_restart() {
+    for policy in [FsyncPolicy::Always, FsyncPolicy::Interval, FsyncPolicy::Never] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open_with_fsync(dir.path(), policy);
+        let recs: Vec<_> = (0..50).map(|i| record("s", 0, "t", format!("{i}"))).collect();
+        for r in &recs {
+            s.append_blocking(std::slice::from_ref(r)).unwrap();
+        }
+        drop(s);
+        let s = open_with_fsync(dir.path(), policy);
+        assert_eq!(queue(&s, &topic("t")), recs, "{policy:?}");
+    }
+}
+
+/// Valid MQTT topic names (never empty) over a small alphabet, so filters often match.
+fn topic_strategy() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("$s")], 1..4)
+        .prop_map(|l| l.join("/"))
+        .prop_filter("a topic name is not empty", |t| !t.is_empty())
+}
+
+fn filter_strategy() -> impl Strategy<Value = String> {
+    (prop::collection::vec(prop_oneof![Just("a"), Just("b"), Just(""), Just("+"), Just("$s")], 1..4), any::<bool>())
+        .prop_map(|(mut l, h)| {
+            if h {
+                l.push("#");
+            }
+            l.join("/")
+        })
+        .prop_filter("a filter is not empty", |f| !f.is_empty())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_append_sequence_reads_back_identically(
+        batches in prop::collection::vec(
+            prop::collection::vec((0u32..3, topic_strategy(), prop::collection::vec(any::<u8>(), 0..600)), 1..6),
+            1..30),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        let mut by_partition: BTreeMap<u32, Vec<Record>> = BTreeMap::new();
+        for b in &batches {
+            let recs: Vec<_> = b.iter().map(|(p, t, v)| record("s", *p, t, v.clone())).collect();
+            let a = s.append_blocking(&recs).unwrap();
+            for (r, pos) in recs.iter().zip(&a.positions) {
+                prop_assert!(pos < &a.end);
+                by_partition.entry(r.partition.get()).or_default().push(r.clone());
+            }
+        }
+        s.close().unwrap();
+        let s = open(dir.path());
+        for (p, want) in by_partition {
+            let got = queue(&s, &QueueName::Partition { stream: "s".into(), partition: Partition(p) });
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn wildcard_multi_dispatch_equals_brute_force_matching(
+        filters in prop::collection::btree_set(filter_strategy(), 1..8),
+        topics in prop::collection::vec(topic_strategy(), 1..60),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        for f in &filters {
+            s.register_filter_blocking(&TopicFilter::new(f.clone()).unwrap()).unwrap();
+        }
+        let recs: Vec<_> = topics.iter().enumerate().map(|(i, t)| record("s", 0, t, format!("{i}"))).collect();
+        let a = s.append_blocking(&recs).unwrap();
+        s.wait_dispatched_blocking(a.end).unwrap();
+        for f in &filters {
+            let want: Vec<Bytes> = recs.iter().filter(|r| filter_matches(f, &r.topic)).map(|r| r.value.clone()).collect();
+            let got: Vec<Bytes> = queue(&s, &filter(f)).into_iter().map(|r| r.value).collect();
+            prop_assert_eq!(got, want, "filter {:?}", f);
+        }
+    }
+}
