@@ -1,0 +1,1 @@
+//! Sans-I/O MQTT codec: being built.

@@ -1,0 +1,68 @@
+//! `silt.toml`: every setting of the server, loaded and validated once at start-up.
+//! `config/silt.toml` in the repository documents each key with its default.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use silt_storage::StorageConfig;
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SiltConfig {
+    /// Where the commitlog and the index live.
+    pub data_dir: PathBuf,
+    pub storage: StorageConfig,
+}
+
+impl Default for SiltConfig {
+    fn default() -> Self {
+        Self { data_dir: PathBuf::from("./data"), storage: StorageConfig::default() }
+    }
+}
+
+impl SiltConfig {
+    /// Reads and validates a config file. Errors name the file and the offending key.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read config file {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let cfg: SiltConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.data_dir.as_os_str().is_empty() {
+            anyhow::bail!("data_dir: must not be empty");
+        }
+        self.storage.validate().map_err(|e| anyhow::anyhow!(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_config_parses_to_the_defaults() {
+        let text = include_str!("../../../config/silt.toml");
+        assert_eq!(SiltConfig::parse(text).unwrap(), SiltConfig::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = SiltConfig::parse("[storage]\nsegment_byts = 5\n").unwrap_err().to_string();
+        assert!(err.contains("segment_byts"), "{err}");
+    }
+
+    #[test]
+    fn invalid_value_is_named() {
+        let err = SiltConfig::parse("[storage]\nsegment_bytes = 5\n").unwrap_err().to_string();
+        assert!(err.contains("storage.segment_bytes"), "{err}");
+        let err = SiltConfig::parse("[storage]\nfsync = \"sometimes\"\n").unwrap_err().to_string();
+        assert!(err.contains("fsync") && err.contains("sometimes"), "{err}");
+    }
+}
