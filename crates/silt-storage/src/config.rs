@@ -43,6 +43,9 @@ pub struct StorageConfig {
     pub index_block_cache_bytes: u64,
     /// RocksDB memtable size for the index (bytes).
     pub index_write_buffer_bytes: u64,
+    /// How often the index is flushed while it changes (ms): after a crash, dispatch resumes
+    /// from the last flush.
+    pub index_flush_interval_ms: u64,
 }
 
 impl Default for StorageConfig {
@@ -59,6 +62,7 @@ impl Default for StorageConfig {
             queue_cache_entries: 100_000,
             index_block_cache_bytes: 64 << 20,
             index_write_buffer_bytes: 64 << 20,
+            index_flush_interval_ms: 10_000,
         }
     }
 }
@@ -84,6 +88,9 @@ impl StorageConfig {
         }
         if self.max_pending_bytes < u64::from(self.max_batch_bytes) {
             return bad("max_pending_bytes", "must be at least max_batch_bytes");
+        }
+        if self.index_flush_interval_ms == 0 {
+            return bad("index_flush_interval_ms", "must be greater than 0");
         }
         if self.queue_cache_entries == 0 {
             return bad("queue_cache_entries", "must be greater than 0");

@@ -103,13 +103,30 @@ impl Dispatcher {
     }
 
     /// Runs until `stop` says so and the log is fully indexed, then flushes the index.
+    ///
+    /// The index is also flushed every `index_flush_interval_ms` while it changes: with the
+    /// RocksDB WAL off, the flushed checkpoint is where dispatch resumes after a crash, so this
+    /// bounds the re-dispatch work on restart.
     pub fn run(mut self, stop: Arc<std::sync::atomic::AtomicBool>) {
         use std::sync::atomic::Ordering;
+        let flush_every = Duration::from_millis(self.log.config.index_flush_interval_ms);
+        let mut last_flush = std::time::Instant::now();
+        let mut unflushed = false;
         loop {
             let stopping = stop.load(Ordering::Acquire);
+            if unflushed && last_flush.elapsed() >= flush_every {
+                if let Err(e) = self.index.flush() {
+                    tracing::warn!(error = %e, "periodic index flush failed");
+                }
+                last_flush = std::time::Instant::now();
+                unflushed = false;
+            }
             let end = self.log.wait_end_past(self.cursor, Duration::from_millis(100));
             match self.round(end) {
-                Ok(true) => continue,
+                Ok(true) => {
+                    unflushed = true;
+                    continue;
+                }
                 Ok(false) if stopping => break,
                 Ok(false) => {}
                 Err(e) => {

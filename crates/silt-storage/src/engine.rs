@@ -29,6 +29,18 @@ use crate::format::{self, Record};
 use crate::index::{Index, IndexEntry, QueueName};
 use crate::log::{Appended, LogShared, PendingAppend, SealedSegment, Writer, WriterMsg};
 
+/// Resolves when a submitted batch is durable (see [`Storage::submit`]).
+#[must_use = "the append is acknowledged only when this resolves"]
+pub struct PendingAppendAck(oneshot::Receiver<Result<Appended>>);
+
+impl Future for PendingAppendAck {
+    type Output = Result<Appended>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|r| r.map_err(|_| Error::Closed).and_then(|r| r))
+    }
+}
+
 /// Figures for stats pages and benchmarks.
 #[derive(Clone, Debug, Default)]
 pub struct StorageStats {
@@ -125,13 +137,25 @@ impl Storage {
     /// Appends `records` as one batch. Returns once the batch is written and, under
     /// `fsync = "always"`, fsynced. Concurrent appends share writes and fsyncs.
     pub async fn append(&self, records: &[Record]) -> Result<Appended> {
+        self.submit(records).await?.await
+    }
+
+    /// Hands `records` to the writer and returns a future that resolves when they are durable.
+    /// Batches submitted one after another (by one task) are written in that order, so a
+    /// caller can pipeline appends and still acknowledge them in order. Waits only while the
+    /// writer's queue is full (backpressure).
+    pub async fn submit(&self, records: &[Record]) -> Result<PendingAppendAck> {
         if records.iter().any(|r| r.control) {
             return Err(Error::Invalid("control records are internal to the log".into()));
         }
-        self.append_any(records).await
+        self.submit_any(records).await
     }
 
     async fn append_any(&self, records: &[Record]) -> Result<Appended> {
+        self.submit_any(records).await?.await
+    }
+
+    async fn submit_any(&self, records: &[Record]) -> Result<PendingAppendAck> {
         if self.log.has_failed() || self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
@@ -142,7 +166,7 @@ impl Storage {
         self.writer_tx
             .send(WriterMsg::Append(PendingAppend { batch, done, _permit: permit }))
             .map_err(|_| Error::Closed)?;
-        rx.await.map_err(|_| Error::Closed)?
+        Ok(PendingAppendAck(rx))
     }
 
     pub fn append_blocking(&self, records: &[Record]) -> Result<Appended> {

@@ -26,7 +26,7 @@ mod tail;
 
 pub use config::{FsyncPolicy, StorageConfig};
 pub use dispatch::{DispatchListener, Dispatched};
-pub use engine::{Storage, StorageStats};
+pub use engine::{PendingAppendAck, Storage, StorageStats};
 pub use error::{Error, ErrorKind, Result};
 pub use format::Record;
 pub use index::{IndexEntry, QueueName};

@@ -265,3 +265,37 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn pipelined_submits_are_written_in_submission_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let rt = tokio_runtime();
+    let positions = rt.block_on(async {
+        let mut acks = Vec::new();
+        for i in 0..100 {
+            acks.push(s.submit(&[record("s", 0, "t", format!("{i}"))]).await.unwrap());
+        }
+        let mut out = Vec::new();
+        for a in acks {
+            out.push(a.await.unwrap().positions[0]);
+        }
+        out
+    });
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "log order follows submission order");
+    let want: Vec<Bytes> = (0..100).map(|i| Bytes::from(format!("{i}"))).collect();
+    s.wait_dispatched_blocking(s.stats().log_end).unwrap();
+    assert_eq!(queue(&s, &topic("t")).into_iter().map(|r| r.value).collect::<Vec<_>>(), want);
+}
+
+#[test]
+fn control_records_cannot_be_appended_from_outside() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let r = Record { control: true, ..record("s", 0, "t", "x") };
+    assert_eq!(s.append_blocking(&[r]).unwrap_err().kind(), ErrorKind::InvalidInput);
+}
+
+fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().build().unwrap()
+}
