@@ -33,6 +33,13 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+# --- Python clients (paho-mqtt, pytest) in a venv -------------------------------------------
+if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c "import paho.mqtt, pytest" 2>/dev/null; then
+  step "creating .venv with tests/requirements.txt"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
+fi
+
 # --- checks ------------------------------------------------------------------------------
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -45,3 +52,7 @@ cargo nextest run --workspace --no-fail-fast
 
 step "doc tests"
 cargo test --workspace --doc --quiet
+
+step "end-to-end tests with Python clients (pytest)"
+cargo build -p silt --quiet
+SILT_BIN="$CARGO_TARGET_DIR/debug/silt" .venv/bin/python -m pytest -q -p no:cacheprovider tests

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use silt_broker::MqttConfig;
 use silt_storage::StorageConfig;
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -12,11 +13,12 @@ pub struct SiltConfig {
     /// Where the commitlog and the index live.
     pub data_dir: PathBuf,
     pub storage: StorageConfig,
+    pub mqtt: MqttConfig,
 }
 
 impl Default for SiltConfig {
     fn default() -> Self {
-        Self { data_dir: PathBuf::from("./data"), storage: StorageConfig::default() }
+        Self { data_dir: PathBuf::from("./data"), storage: StorageConfig::default(), mqtt: MqttConfig::default() }
     }
 }
 
@@ -38,7 +40,8 @@ impl SiltConfig {
         if self.data_dir.as_os_str().is_empty() {
             anyhow::bail!("data_dir: must not be empty");
         }
-        self.storage.validate().map_err(|e| anyhow::anyhow!(e))
+        self.storage.validate().map_err(|e| anyhow::anyhow!(e))?;
+        self.mqtt.validate().map_err(|e| anyhow::anyhow!(e))
     }
 }
 

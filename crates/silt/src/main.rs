@@ -1,15 +1,21 @@
 //! `silt`: the Silt broker's server binary.
 //!
-//! `silt serve` opens the storage engine on the data directory and runs until SIGINT or
-//! SIGTERM, then writes, fsyncs and indexes everything acknowledged and exits 0.
+//! `silt serve` opens the storage engine on the data directory, recovers sessions and retained
+//! messages, serves MQTT, and runs until SIGINT or SIGTERM; then it closes connections,
+//! persists sessions, writes, fsyncs and indexes everything acknowledged and exits 0.
 
 mod config;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use clap::{Parser, Subcommand};
+use silt_broker::{Broker, Router};
 use silt_storage::Storage;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::config::SiltConfig;
 
@@ -34,12 +40,16 @@ struct ServeArgs {
     /// Data directory (commitlog and index); overrides `data_dir` from the config file.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// MQTT TCP listener address; overrides `mqtt.listen` (default 127.0.0.1:1883).
+    #[arg(long, value_name = "ADDR")]
+    mqtt: Option<String>,
 }
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SILT_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -62,6 +72,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(dir) = args.data_dir {
         cfg.data_dir = dir;
     }
+    if let Some(addr) = args.mqtt {
+        cfg.mqtt.listen = addr;
+    }
     cfg.validate()?;
     // Signal handlers go in before anything is announced, so a signal is never lost to the
     // default action (which would skip the clean shutdown).
@@ -69,14 +82,34 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut signals = rt.block_on(async { Signals::new() })?;
 
     tracing::info!(data_dir = %cfg.data_dir.display(), fsync = ?cfg.storage.fsync, "opening storage");
-    let storage = Storage::open(&cfg.data_dir, cfg.storage.clone())
+    let router = Arc::new(Router::default());
+    let listener: Arc<dyn silt_storage::DispatchListener> = router.clone();
+    let storage = Storage::open_with(&cfg.data_dir, cfg.storage.clone(), vec![listener])
+        .map(Arc::new)
         .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e}", cfg.data_dir.display()))?;
+    let broker = Broker::new(storage.clone(), router, cfg.mqtt.clone())
+        .map_err(|e| anyhow::anyhow!("cannot recover broker state: {e}"))?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mqtt = rt
+        .block_on(TcpListener::bind(&cfg.mqtt.listen))
+        .map_err(|e| anyhow::anyhow!("mqtt.listen {}: {e}", cfg.mqtt.listen))?;
+    let mqtt_addr = mqtt.local_addr()?;
+    let server = rt.spawn(silt_broker::server::run_tcp(broker.clone(), mqtt, stop_rx.clone()));
+    let housekeeping = rt.spawn(silt_broker::server::run_housekeeping(broker.clone(), stop_rx));
     let stats = storage.stats();
-    tracing::info!(log_end = %stats.log_end, dispatched = %stats.dispatched, "storage open; silt is running");
+    tracing::info!(mqtt = %mqtt_addr, log_end = %stats.log_end, "silt is running");
 
     rt.block_on(signals.recv());
 
-    tracing::info!("shutting down: flushing the commitlog and the index");
+    tracing::info!("shutting down: closing connections, then flushing the commitlog and the index");
+    let _ = stop_tx.send(true);
+    rt.block_on(async {
+        let _ = server.await;
+        let _ = housekeeping.await;
+        broker.persist_all().await;
+    });
+    drop(broker);
     storage.close().map_err(|e| anyhow::anyhow!("storage did not close cleanly: {e}"))?;
     tracing::info!("stopped cleanly");
     Ok(())

@@ -1,0 +1,519 @@
+//! The broker: the session registry, the subscription router that turns dispatch events into
+//! wake-ups, retained messages, and the publish path into the storage engine.
+//!
+//! Lock order (never take an earlier one while holding a later one):
+//! `State` (std mutex, held briefly, never across `.await`) → a `Session` (tokio mutex) →
+//! `Router` (std mutex, also taken by the dispatcher thread) → `RetainedStore` (std rwlock).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use silt_storage::{Appended, DispatchListener, Dispatched, IndexEntry, Storage};
+use silt_types::{Offset, Timestamp, TopicFilter, TopicTrie};
+use tokio::sync::Notify;
+
+use crate::config::MqttConfig;
+use crate::message::Message;
+use crate::retained::RetainedStore;
+use crate::session::{SessionSnapshot, Subscription, SubscriptionState, Subscriptions, queue_for};
+
+/// Identifies one network connection.
+pub type ConnId = u64;
+
+/// Wakes connections whose subscriptions match a dispatched topic. Runs on the dispatcher
+/// thread: a short lock and `Notify::notify_one` only.
+#[derive(Default)]
+pub struct Router {
+    inner: Mutex<RouterInner>,
+}
+
+#[derive(Default)]
+struct RouterInner {
+    trie: TopicTrie<ConnId>,
+    conns: HashMap<ConnId, Arc<Notify>>,
+}
+
+impl Router {
+    fn add(&self, conn: ConnId, notify: &Arc<Notify>, filter: &TopicFilter) {
+        let mut r = self.inner.lock().expect("invariant: lock not poisoned");
+        r.conns.entry(conn).or_insert_with(|| notify.clone());
+        r.trie.insert(filter, conn);
+    }
+
+    fn remove(&self, conn: ConnId, filter: &TopicFilter) {
+        self.inner.lock().expect("invariant: lock not poisoned").trie.remove(filter, &conn);
+    }
+
+    fn drop_conn(&self, conn: ConnId, filters: impl Iterator<Item = TopicFilter>) {
+        let mut r = self.inner.lock().expect("invariant: lock not poisoned");
+        for f in filters {
+            r.trie.remove(&f, &conn);
+        }
+        r.conns.remove(&conn);
+    }
+}
+
+impl DispatchListener for Router {
+    fn dispatched(&self, event: &Dispatched) {
+        let r = self.inner.lock().expect("invariant: lock not poisoned");
+        for topic in &event.topics {
+            r.trie.for_each_match(topic, |_, conn| {
+                if let Some(n) = r.conns.get(conn) {
+                    n.notify_one();
+                }
+            });
+        }
+    }
+}
+
+/// A session: subscriptions with cursors, and what survives a reconnect.
+#[derive(Debug)]
+pub struct Session {
+    pub client_id: String,
+    /// Session expiry interval in seconds; 0 means the session ends with the connection.
+    pub expiry_secs: u32,
+    pub subs: Subscriptions,
+    /// Inbound QoS 2 packet ids awaiting PUBREL.
+    pub inbound_qos2: BTreeSet<u16>,
+    pub disconnected_at: Option<Timestamp>,
+    /// Cursors moved since the last snapshot.
+    pub dirty: bool,
+}
+
+impl Session {
+    fn new(client_id: &str, expiry_secs: u32) -> Self {
+        Self {
+            client_id: client_id.to_owned(),
+            expiry_secs,
+            subs: Subscriptions::default(),
+            inbound_qos2: BTreeSet::new(),
+            disconnected_at: None,
+            dirty: false,
+        }
+    }
+
+    pub fn persistent(&self) -> bool {
+        self.expiry_secs > 0
+    }
+
+    pub fn snapshot(&self) -> SessionSnapshot {
+        SessionSnapshot {
+            client_id: self.client_id.clone(),
+            expiry_secs: self.expiry_secs,
+            subscriptions: self.subs.states(),
+            inbound_qos2: self.inbound_qos2.iter().copied().collect(),
+            disconnected_at: self.disconnected_at.map(Timestamp::get),
+        }
+    }
+
+    /// Messages waiting for this session across its subscriptions.
+    pub fn backlog(&mut self, storage: &Storage) -> u64 {
+        self.subs.subs.values_mut().map(|s| s.backlog(storage)).sum()
+    }
+}
+
+pub type SessionRef = Arc<tokio::sync::Mutex<Session>>;
+
+struct Owner {
+    conn: ConnId,
+    kick: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<String, SessionRef>,
+    owners: HashMap<String, Owner>,
+    filter_refs: HashMap<String, usize>,
+    /// Delayed wills waiting to be published, by client id.
+    wills: HashMap<String, Arc<Notify>>,
+}
+
+/// Broker-wide counters for `$SYS/` and the stats page.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub connections: AtomicU64,
+    pub messages_received: AtomicU64,
+    pub messages_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub bytes_sent: AtomicU64,
+}
+
+pub struct Broker {
+    pub storage: Arc<Storage>,
+    pub config: Arc<MqttConfig>,
+    pub stats: Stats,
+    router: Arc<Router>,
+    state: Mutex<State>,
+    retained: RwLock<RetainedStore>,
+    next_conn: AtomicU64,
+}
+
+/// What [`Broker::connect`] decided.
+pub struct Connected {
+    pub session: SessionRef,
+    pub session_present: bool,
+    pub conn: ConnId,
+    /// Notified when another connection takes this client id over.
+    pub kicked: Arc<Notify>,
+}
+
+impl Broker {
+    /// The router must be the dispatch listener the storage was opened with.
+    /// Blocks until the index has caught up with the log (session and retained state are read
+    /// through it), so call it before the runtime serves clients.
+    pub fn new(storage: Arc<Storage>, router: Arc<Router>, config: MqttConfig) -> silt_storage::Result<Arc<Broker>> {
+        storage.wait_dispatched_blocking(storage.stats().log_end)?;
+        let retained = RetainedStore::load(&storage)?;
+        let snapshots = SessionSnapshot::load_all(&storage)?;
+        let mut state = State::default();
+        let now = Timestamp::now();
+        for (id, snap) in snapshots {
+            let mut s = Session::new(&id, snap.expiry_secs);
+            s.inbound_qos2 = snap.inbound_qos2.into_iter().collect();
+            // A session that was connected when the broker stopped is offline from now on.
+            s.disconnected_at = Some(snap.disconnected_at.map_or(now, Timestamp));
+            for st in snap.subscriptions {
+                let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
+                *state.filter_refs.entry(st.filter.clone()).or_default() += 1;
+                s.subs.subs.insert(st.filter.clone(), Subscription::new(st, queue_for(&f)));
+            }
+            state.sessions.insert(id, Arc::new(tokio::sync::Mutex::new(s)));
+        }
+        tracing::info!(sessions = state.sessions.len(), retained = retained.len(), "broker state recovered");
+        Ok(Arc::new(Broker {
+            storage,
+            config: Arc::new(config),
+            stats: Stats::default(),
+            router,
+            state: Mutex::new(state),
+            retained: RwLock::new(retained),
+            next_conn: AtomicU64::new(1),
+        }))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("invariant: lock not poisoned")
+    }
+
+    /// Attaches a connection to the session of `client_id`, taking it over from any other
+    /// connection. `clean_start` discards an existing session.
+    pub async fn connect(&self, client_id: &str, clean_start: bool, expiry_secs: u32) -> Connected {
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let kicked = Arc::new(Notify::new());
+        let (existing, old_owner) = {
+            let mut st = self.state();
+            let old = st.owners.insert(client_id.to_owned(), Owner { conn, kick: kicked.clone() });
+            (st.sessions.get(client_id).cloned(), old)
+        };
+        if let Some(old) = old_owner {
+            old.kick.notify_one();
+        }
+        let (session, present) = match existing {
+            Some(s) if !clean_start => {
+                {
+                    let mut g = s.lock().await;
+                    g.expiry_secs = expiry_secs;
+                    g.disconnected_at = None;
+                    g.subs.rewind();
+                }
+                (s, true)
+            }
+            Some(s) => {
+                self.end_session(&s).await;
+                (self.new_session(client_id, expiry_secs), false)
+            }
+            None => (self.new_session(client_id, expiry_secs), false),
+        };
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
+        Connected { session, session_present: present, conn, kicked }
+    }
+
+    fn new_session(&self, client_id: &str, expiry_secs: u32) -> SessionRef {
+        let s = Arc::new(tokio::sync::Mutex::new(Session::new(client_id, expiry_secs)));
+        self.state().sessions.insert(client_id.to_owned(), s.clone());
+        s
+    }
+
+    /// Routes the session's subscriptions to `conn` (after a resume).
+    pub fn route_all(&self, conn: ConnId, notify: &Arc<Notify>, session: &Session) {
+        for f in session.subs.subs.keys() {
+            if let Ok(f) = TopicFilter::new(f.clone()) {
+                self.router.add(conn, notify, &f);
+            }
+        }
+        notify.notify_one();
+    }
+
+    /// Adds or replaces a subscription. New subscriptions start at the end of their queue.
+    pub async fn subscribe(
+        &self,
+        conn: ConnId,
+        notify: &Arc<Notify>,
+        session: &mut Session,
+        filter: &TopicFilter,
+        mut state: SubscriptionState,
+    ) -> silt_storage::Result<()> {
+        let queue = queue_for(filter);
+        if let Some(existing) = session.subs.subs.get_mut(filter.as_str()) {
+            // Replacing keeps the cursor: no message is lost or repeated.
+            state.cursor = existing.state.cursor;
+            state.sent = existing.state.sent;
+            existing.state = state;
+        } else {
+            let first_ref = {
+                let mut st = self.state();
+                let n = st.filter_refs.entry(filter.as_str().to_owned()).or_default();
+                *n += 1;
+                *n == 1
+            };
+            let id = if filter.has_wildcard() {
+                Some(self.storage.register_filter(filter).await?)
+            } else {
+                self.storage.queue_id(&queue)?
+            };
+            let _ = first_ref;
+            let end = match id {
+                Some(id) => self.storage.queue_bounds(id)?.1,
+                None => Offset(0),
+            };
+            state.cursor = end.get();
+            state.sent = end.get();
+            session.subs.subs.insert(filter.as_str().to_owned(), Subscription::new(state, queue));
+        }
+        self.router.add(conn, notify, filter);
+        session.dirty = true;
+        Ok(())
+    }
+
+    /// Removes a subscription; returns whether it existed.
+    pub async fn unsubscribe(&self, conn: ConnId, session: &mut Session, filter: &TopicFilter) -> bool {
+        if session.subs.subs.remove(filter.as_str()).is_none() {
+            return false;
+        }
+        self.router.remove(conn, filter);
+        self.release_filter(filter).await;
+        session.dirty = true;
+        true
+    }
+
+    async fn release_filter(&self, filter: &TopicFilter) {
+        let last = {
+            let mut st = self.state();
+            match st.filter_refs.get_mut(filter.as_str()) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => {
+                    st.filter_refs.remove(filter.as_str());
+                    true
+                }
+                None => false,
+            }
+        };
+        if last
+            && filter.has_wildcard()
+            && let Err(e) = self.storage.drop_filter(filter).await
+        {
+            tracing::warn!(filter = %filter, error = %e, "dropping an unused filter queue failed");
+        }
+    }
+
+    /// Drops every subscription of a session and forgets it (with a tombstone if persistent).
+    async fn end_session(&self, session: &SessionRef) {
+        let (client_id, filters, persistent) = {
+            let mut g = session.lock().await;
+            let filters: Vec<String> = std::mem::take(&mut g.subs.subs).into_keys().collect();
+            (g.client_id.clone(), filters, g.persistent())
+        };
+        {
+            let mut st = self.state();
+            if st.sessions.get(&client_id).is_some_and(|s| Arc::ptr_eq(s, session)) {
+                st.sessions.remove(&client_id);
+            }
+        }
+        for f in filters {
+            if let Ok(f) = TopicFilter::new(f) {
+                self.release_filter(&f).await;
+            }
+        }
+        if persistent {
+            let _ = self.storage.append(&[SessionSnapshot::tombstone(&client_id, Timestamp::now())]).await;
+        }
+    }
+
+    /// Called when a connection ends. Persistent sessions stay (offline) with their cursors.
+    pub async fn disconnect(&self, conn: ConnId, session: &SessionRef) {
+        let (client_id, filters) = {
+            let g = session.lock().await;
+            (g.client_id.clone(), g.subs.subs.keys().cloned().collect::<Vec<_>>())
+        };
+        self.router.drop_conn(conn, filters.into_iter().filter_map(|f| TopicFilter::new(f).ok()));
+        let still_owner = {
+            let mut st = self.state();
+            let mine = st.owners.get(&client_id).is_some_and(|o| o.conn == conn);
+            if mine {
+                st.owners.remove(&client_id);
+            }
+            mine
+        };
+        self.stats.connections.fetch_sub(1, Ordering::Relaxed);
+        if !still_owner {
+            return; // taken over: the new connection owns the session now
+        }
+        let persistent = {
+            let mut g = session.lock().await;
+            g.disconnected_at = Some(Timestamp::now());
+            g.persistent()
+        };
+        if persistent {
+            if let Err(e) = self.persist(session).await {
+                tracing::warn!(client_id = %client_id, error = %e, "session snapshot at disconnect failed");
+            }
+        } else {
+            self.end_session(session).await;
+        }
+    }
+
+    /// Appends the session's snapshot (durable under the log's fsync policy).
+    pub async fn persist(&self, session: &SessionRef) -> silt_storage::Result<()> {
+        let record = {
+            let mut g = session.lock().await;
+            if !g.persistent() {
+                return Ok(());
+            }
+            g.dirty = false;
+            g.snapshot().to_record(Timestamp::now())
+        };
+        self.storage.append(&[record]).await.map(|_| ())
+    }
+
+    /// Ends offline sessions whose expiry interval has passed.
+    pub async fn expire_sessions(&self) {
+        let now = Timestamp::now();
+        let candidates: Vec<SessionRef> = {
+            let st = self.state();
+            st.sessions.iter().filter(|(id, _)| !st.owners.contains_key(*id)).map(|(_, s)| s.clone()).collect()
+        };
+        for s in candidates {
+            let expired = {
+                let g = s.lock().await;
+                match g.disconnected_at {
+                    Some(at) if g.expiry_secs != u32::MAX => now.get() - at.get() >= i64::from(g.expiry_secs) * 1000,
+                    _ => false,
+                }
+            };
+            if expired {
+                tracing::debug!("session expired");
+                self.end_session(&s).await;
+            }
+        }
+    }
+
+    /// Persists every session (at shutdown).
+    pub async fn persist_all(&self) {
+        let sessions: Vec<SessionRef> = self.state().sessions.values().cloned().collect();
+        for s in sessions {
+            if let Err(e) = self.persist(&s).await {
+                tracing::warn!(error = %e, "session snapshot at shutdown failed");
+            }
+        }
+    }
+
+    /// Appends a message (and its retained pointer) and returns once it is durable under the
+    /// log's fsync policy.
+    pub async fn publish(self: &Arc<Self>, message: &Message) -> silt_storage::Result<Appended> {
+        self.submit(message).await?.await
+    }
+
+    /// Hands a message to the log in order and returns a future that resolves once it is
+    /// durable (and, for a retained message, once the retained index points at it).
+    pub async fn submit(
+        self: &Arc<Self>,
+        message: &Message,
+    ) -> silt_storage::Result<std::pin::Pin<Box<dyn std::future::Future<Output = silt_storage::Result<Appended>> + Send>>>
+    {
+        let record = message.to_record();
+        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
+        if !message.retain {
+            let ack = self.storage.submit(&[record]).await?;
+            return Ok(Box::pin(ack));
+        }
+        let size = record.encoded_len() as u32;
+        let clear = record.value.is_empty();
+        let ack = self.storage.submit(&RetainedStore::records(record, message.timestamp)).await?;
+        let (broker, topic, ts) = (self.clone(), message.topic.clone(), message.timestamp);
+        Ok(Box::pin(async move {
+            let appended = ack.await?;
+            let entry = (!clear).then(|| IndexEntry { position: appended.positions[0], size, timestamp: ts });
+            broker.retained.write().expect("invariant: lock not poisoned").set(&topic, entry);
+            Ok(appended)
+        }))
+    }
+
+    /// Publishes `will` for `client_id` after `delay`, unless the client reconnects first.
+    pub fn schedule_will(self: &Arc<Self>, client_id: &str, will: Message, delay: std::time::Duration) {
+        let cancel = Arc::new(Notify::new());
+        self.state().wills.insert(client_id.to_owned(), cancel.clone());
+        let broker = self.clone();
+        let client_id = client_id.to_owned();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = cancel.notified() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            {
+                let mut st = broker.state();
+                if st.wills.get(&client_id).is_some_and(|c| Arc::ptr_eq(c, &cancel)) {
+                    st.wills.remove(&client_id);
+                } else {
+                    return;
+                }
+            }
+            if let Err(e) = broker.publish(&will).await {
+                tracing::warn!(client_id = %client_id, error = %e, "will message could not be published");
+            }
+        });
+    }
+
+    /// Cancels a pending delayed will (the client came back).
+    pub fn cancel_will(&self, client_id: &str) {
+        if let Some(c) = self.state().wills.remove(client_id) {
+            c.notify_one();
+        }
+    }
+
+    /// Retained messages matching `filter`, oldest first.
+    pub fn retained_for(&self, filter: &TopicFilter) -> Vec<Message> {
+        let entries = self.retained.read().expect("invariant: lock not poisoned").matching(filter);
+        entries
+            .into_iter()
+            .filter_map(|e| match self.storage.read_record(&e) {
+                Ok(r) => Some(Message::from_record(r)),
+                Err(err) => {
+                    tracing::warn!(error = %err, "retained message unreadable");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    pub fn retained_count(&self) -> usize {
+        self.retained.read().expect("invariant: lock not poisoned").len()
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.state().sessions.len()
+    }
+
+    /// Total messages waiting across offline sessions (for `$SYS`).
+    pub async fn total_backlog(&self) -> u64 {
+        let sessions: Vec<SessionRef> = self.state().sessions.values().cloned().collect();
+        let mut total = 0;
+        for s in sessions {
+            total += s.lock().await.backlog(&self.storage);
+        }
+        total
+    }
+}

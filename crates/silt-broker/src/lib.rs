@@ -1,0 +1,27 @@
+//! Silt's MQTT broker core on the storage engine.
+//!
+//! - [`message`]: an MQTT message as a log record (routing: first level = stream) and back.
+//! - [`session`]: subscriptions with cursors over consume queues; log-order merge; snapshots.
+//! - [`retained`]: retained messages, a topic trie walked by filter, persisted in the log.
+//! - [`broker`]: the session registry, the dispatch-driven router, publish path, expiry.
+//! - `connection`: one MQTT connection (3.1, 3.1.1, 5.0) driving a session.
+//! - [`server`]: listeners and housekeeping tasks.
+//! - `sys`: `$SYS/broker/...` statistics.
+//! - [`MqttConfig`]: the `[mqtt]` settings.
+//!
+//! Guarantees: a QoS 1/2 PUBLISH is acknowledged only once its record is durable under the
+//! log's fsync policy. Offline sessions keep cursors, not copies: their backlog is bounded by
+//! retention, never by a message count.
+
+pub mod broker;
+mod config;
+mod connection;
+pub mod message;
+pub mod retained;
+pub mod server;
+pub mod session;
+mod sys;
+
+pub use broker::{Broker, Router};
+pub use config::MqttConfig;
+pub use message::Message;

@@ -1,0 +1,204 @@
+//! Retained messages: the last retained message per topic, found for a new subscription by
+//! walking a trie of topic names along the filter's levels (never a scan of every topic).
+//!
+//! Durability: a retained PUBLISH is appended as its record followed, in the same batch, by a
+//! pointer record in the internal stream `__silt_retained` (key: topic; value: the byte size of
+//! the message record just before it, or empty to delete). At start-up the pointer queue is
+//! replayed, so retained messages come back from the commitlog alone.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use silt_storage::{IndexEntry, QueueName, Record, Storage};
+use silt_types::{LogPosition, Partition, Timestamp, TopicFilter};
+
+/// Internal stream of retained-message pointers.
+pub const RETAINED_STREAM: &str = "__silt_retained";
+
+#[derive(Debug, Default)]
+struct Node {
+    children: HashMap<String, Node>,
+    entry: Option<IndexEntry>,
+}
+
+impl Node {
+    fn is_empty(&self) -> bool {
+        self.entry.is_none() && self.children.is_empty()
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct RetainedStore {
+    root: Node,
+    len: usize,
+}
+
+impl RetainedStore {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Sets (or with `None`, clears) the retained message of `topic`.
+    pub fn set(&mut self, topic: &str, entry: Option<IndexEntry>) {
+        let levels: Vec<&str> = topic.split('/').collect();
+        match entry {
+            Some(e) => {
+                let mut node = &mut self.root;
+                for l in levels {
+                    node = node.children.entry(l.to_owned()).or_default();
+                }
+                if node.entry.replace(e).is_none() {
+                    self.len += 1;
+                }
+            }
+            None => {
+                if remove(&mut self.root, &levels) {
+                    self.len -= 1;
+                }
+            }
+        }
+    }
+
+    /// Every retained message whose topic matches `filter`.
+    pub fn matching(&self, filter: &TopicFilter) -> Vec<IndexEntry> {
+        let levels: Vec<&str> = filter.levels().collect();
+        let mut out = Vec::new();
+        walk(&self.root, &levels, true, &mut out);
+        out.sort_by_key(|e| e.position);
+        out
+    }
+
+    /// The records to append for a retained publish: the message, then its pointer.
+    pub fn records(message: Record, now: Timestamp) -> Vec<Record> {
+        let value = if message.value.is_empty() {
+            Bytes::new()
+        } else {
+            Bytes::copy_from_slice(&(message.encoded_len() as u32).to_be_bytes())
+        };
+        let pointer = Record {
+            timestamp: now,
+            stream: RETAINED_STREAM.into(),
+            partition: Partition(0),
+            key: Some(Bytes::copy_from_slice(message.topic.as_bytes())),
+            value,
+            ..Record::default()
+        };
+        vec![message, pointer]
+    }
+
+    /// Rebuilds the store from the pointer stream.
+    pub fn load(storage: &Storage) -> silt_storage::Result<RetainedStore> {
+        let mut store = RetainedStore::default();
+        let name = QueueName::Partition { stream: RETAINED_STREAM.into(), partition: Partition(0) };
+        let Some(id) = storage.queue_id(&name)? else { return Ok(store) };
+        let (mut from, end) = storage.queue_bounds(id)?;
+        while from < end {
+            let batch = storage.read_index(id, from, 1024)?;
+            let Some((last, _)) = batch.last() else { break };
+            from = last.next();
+            for (_, e) in batch {
+                let r = storage.read_record(&e)?;
+                let topic = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+                let entry = <[u8; 4]>::try_from(r.value.as_ref()).ok().map(u32::from_be_bytes).map(|size| IndexEntry {
+                    position: LogPosition(e.position.get() - u64::from(size)),
+                    size,
+                    timestamp: r.timestamp,
+                });
+                store.set(&topic, entry);
+            }
+        }
+        Ok(store)
+    }
+}
+
+fn remove(node: &mut Node, levels: &[&str]) -> bool {
+    let Some((first, rest)) = levels.split_first() else {
+        return node.entry.take().is_some();
+    };
+    let Some(child) = node.children.get_mut(*first) else { return false };
+    let removed = remove(child, rest);
+    if child.is_empty() {
+        node.children.remove(*first);
+    }
+    removed
+}
+
+fn collect_all(node: &Node, out: &mut Vec<IndexEntry>) {
+    out.extend(node.entry);
+    for c in node.children.values() {
+        collect_all(c, out);
+    }
+}
+
+fn walk(node: &Node, levels: &[&str], root: bool, out: &mut Vec<IndexEntry>) {
+    let Some((level, rest)) = levels.split_first() else {
+        out.extend(node.entry);
+        return;
+    };
+    // Wildcards at the first level never match `$` topics.
+    let visible = |name: &str| !(root && name.starts_with('$'));
+    match *level {
+        "#" => {
+            if !root {
+                out.extend(node.entry); // `a/#` matches `a`
+            }
+            for (name, c) in &node.children {
+                if visible(name) {
+                    collect_all(c, out);
+                }
+            }
+        }
+        "+" => {
+            for (name, c) in &node.children {
+                if visible(name) {
+                    walk(c, rest, false, out);
+                }
+            }
+        }
+        l => {
+            if let Some(c) = node.children.get(l) {
+                walk(c, rest, false, out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use silt_types::filter_matches;
+
+    fn e(p: u64) -> IndexEntry {
+        IndexEntry { position: LogPosition(p), size: 1, timestamp: Timestamp(0) }
+    }
+
+    #[test]
+    fn matching_agrees_with_the_spec_matcher() {
+        let topics = ["a", "a/b", "a/b/c", "a//c", "/a", "$SYS/x", "b/b", "a/c"];
+        let mut s = RetainedStore::default();
+        for (i, t) in topics.iter().enumerate() {
+            s.set(t, Some(e(i as u64)));
+        }
+        for f in ["#", "+", "a/#", "a/+", "+/b", "+/+/c", "$SYS/#", "+/x", "a/b/c/#", "/+", "a//+"] {
+            let filter = TopicFilter::new(f).unwrap();
+            let got: Vec<u64> = s.matching(&filter).iter().map(|e| e.position.get()).collect();
+            let want: Vec<u64> =
+                topics.iter().enumerate().filter(|(_, t)| filter_matches(f, t)).map(|(i, _)| i as u64).collect();
+            assert_eq!(got, want, "filter {f}");
+        }
+    }
+
+    #[test]
+    fn clearing_removes_and_prunes() {
+        let mut s = RetainedStore::default();
+        s.set("a/b", Some(e(1)));
+        s.set("a/b", Some(e(2)));
+        assert_eq!(s.len(), 1);
+        s.set("a/b", None);
+        assert!(s.is_empty() && s.root.children.is_empty());
+    }
+}

@@ -1,0 +1,297 @@
+//! A session's subscriptions and delivery cursors, and how they are persisted.
+//!
+//! Sessions hold cursors, never copies: each subscription reads one consume queue (the topic
+//! queue for a plain filter, the filter queue for a wildcard one) from its cursor. Delivery
+//! merges the session's queues in log order, so a message matching several subscriptions is
+//! sent once, at the highest QoS granted among them.
+//!
+//! Invariants:
+//! - A subscription's `cursor` is the lowest offset not yet acknowledged (QoS 1/2) or sent
+//!   (QoS 0); everything below it is done. On resume, delivery restarts at the cursor, so
+//!   anything in flight at a disconnect or crash is sent again (with DUP set where known).
+//! - Only entries below the storage's dispatched position are merged: every queue is complete
+//!   up to there, so no message is missed by one subscription and duplicated by another.
+//!
+//! Snapshots of persistent sessions are appended to the internal stream `__silt_sessions`
+//! (key: client id; an empty value deletes), so they live in the commitlog with everything
+//! else and survive deletion of the index. The last snapshot per client id wins at start-up.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use silt_storage::{IndexEntry, QueueName, Record, Storage};
+use silt_types::{LogPosition, Offset, Partition, QueueId, Timestamp, TopicFilter};
+
+use crate::message::Message;
+
+/// Internal stream of session snapshots.
+pub const SESSIONS_STREAM: &str = "__silt_sessions";
+
+/// Entries fetched per queue per pull.
+const FETCH: usize = 256;
+
+/// A subscription as persisted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscriptionState {
+    pub filter: String,
+    pub qos: u8,
+    #[serde(default)]
+    pub no_local: bool,
+    #[serde(default)]
+    pub retain_as_published: bool,
+    #[serde(default)]
+    pub subscription_id: Option<u32>,
+    /// Lowest offset of the subscription's queue not yet acknowledged.
+    pub cursor: u64,
+    /// Highest offset ever sent + 1, to set DUP on redelivery.
+    #[serde(default)]
+    pub sent: u64,
+}
+
+/// A persistent session as stored in `__silt_sessions`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSnapshot {
+    pub client_id: String,
+    /// Session expiry interval in seconds (`u32::MAX`: never).
+    pub expiry_secs: u32,
+    pub subscriptions: Vec<SubscriptionState>,
+    /// Inbound QoS 2 packet ids received (PUBREC sent) and not yet released by PUBREL.
+    #[serde(default)]
+    pub inbound_qos2: Vec<u16>,
+    /// When the client disconnected (ms since epoch), while it is offline.
+    #[serde(default)]
+    pub disconnected_at: Option<i64>,
+}
+
+impl SessionSnapshot {
+    pub fn to_record(&self, now: Timestamp) -> Record {
+        Record {
+            timestamp: now,
+            stream: SESSIONS_STREAM.into(),
+            partition: Partition(0),
+            key: Some(Bytes::copy_from_slice(self.client_id.as_bytes())),
+            value: Bytes::from(serde_json::to_vec(self).expect("invariant: snapshot serializes")),
+            ..Record::default()
+        }
+    }
+
+    pub fn tombstone(client_id: &str, now: Timestamp) -> Record {
+        Record {
+            timestamp: now,
+            stream: SESSIONS_STREAM.into(),
+            partition: Partition(0),
+            key: Some(Bytes::copy_from_slice(client_id.as_bytes())),
+            ..Record::default()
+        }
+    }
+
+    /// Reads every snapshot from the log; the last one per client id wins.
+    pub fn load_all(storage: &Storage) -> silt_storage::Result<HashMap<String, SessionSnapshot>> {
+        let name = QueueName::Partition { stream: SESSIONS_STREAM.into(), partition: Partition(0) };
+        let mut out = HashMap::new();
+        let Some(id) = storage.queue_id(&name)? else { return Ok(out) };
+        let (mut from, end) = storage.queue_bounds(id)?;
+        while from < end {
+            let batch = storage.read_queue(id, from, 1024)?;
+            let Some((last, _)) = batch.last() else { break };
+            from = last.next();
+            for (_, r) in batch {
+                let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+                if r.value.is_empty() {
+                    out.remove(&key);
+                    continue;
+                }
+                match serde_json::from_slice::<SessionSnapshot>(&r.value) {
+                    Ok(s) => {
+                        out.insert(key, s);
+                    }
+                    Err(e) => tracing::warn!(client_id = %key, error = %e, "unreadable session snapshot skipped"),
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The queue a subscription filter reads.
+pub fn queue_for(filter: &TopicFilter) -> QueueName {
+    if filter.has_wildcard() {
+        QueueName::Filter(filter.as_str().to_owned())
+    } else {
+        QueueName::Topic(filter.as_str().to_owned())
+    }
+}
+
+/// A subscription with its live delivery state.
+#[derive(Debug)]
+pub struct Subscription {
+    pub state: SubscriptionState,
+    pub queue: QueueName,
+    queue_id: Option<QueueId>,
+    /// Next offset to fetch from the index.
+    read: Offset,
+    buf: VecDeque<(Offset, IndexEntry)>,
+    /// Sent, not yet acknowledged.
+    pending: BTreeSet<Offset>,
+}
+
+impl Subscription {
+    pub fn new(state: SubscriptionState, queue: QueueName) -> Self {
+        let read = Offset(state.cursor);
+        Self { state, queue, queue_id: None, read, buf: VecDeque::new(), pending: BTreeSet::new() }
+    }
+
+    fn recompute_cursor(&mut self) {
+        let next_undelivered = self.buf.front().map_or(self.read, |(o, _)| *o);
+        self.state.cursor = self.pending.first().copied().unwrap_or(next_undelivered).get();
+    }
+
+    fn fetch(&mut self, storage: &Storage, limit: LogPosition) -> silt_storage::Result<()> {
+        if !self.buf.is_empty() {
+            return Ok(());
+        }
+        if self.queue_id.is_none() {
+            self.queue_id = storage.queue_id(&self.queue)?;
+        }
+        let Some(id) = self.queue_id else { return Ok(()) };
+        for (off, e) in storage.read_index(id, self.read, FETCH)? {
+            if e.position >= limit {
+                break;
+            }
+            self.read = off.next();
+            self.buf.push_back((off, e));
+        }
+        Ok(())
+    }
+
+    /// Number of entries between the cursor and the end of the queue (the backlog).
+    pub fn backlog(&mut self, storage: &Storage) -> u64 {
+        if self.queue_id.is_none() {
+            self.queue_id = storage.queue_id(&self.queue).ok().flatten();
+        }
+        match self.queue_id.map(|id| storage.queue_bounds(id)) {
+            Some(Ok((_, next))) => next.get().saturating_sub(self.state.cursor),
+            _ => 0,
+        }
+    }
+}
+
+/// One message chosen for delivery, with the queue offsets it settles when acknowledged.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub message: Message,
+    pub position: LogPosition,
+    pub qos: u8,
+    pub retain: bool,
+    pub dup: bool,
+    pub subscription_ids: Vec<u32>,
+    /// (filter, offset) pairs acknowledged together with this message.
+    pub settles: Vec<(String, Offset)>,
+}
+
+/// Subscriptions of a session and their merge.
+#[derive(Debug, Default)]
+pub struct Subscriptions {
+    pub subs: BTreeMap<String, Subscription>,
+}
+
+impl Subscriptions {
+    /// Picks up to `max` messages in log order across all subscriptions. Messages that need no
+    /// acknowledgement (QoS 0) settle at once; others settle on [`Self::settle`].
+    pub fn pull(
+        &mut self,
+        storage: &Storage,
+        client_id: &str,
+        now: Timestamp,
+        max: usize,
+    ) -> silt_storage::Result<Vec<Outgoing>> {
+        let limit = storage.dispatched();
+        let mut out = Vec::new();
+        while out.len() < max {
+            for s in self.subs.values_mut() {
+                s.fetch(storage, limit)?;
+            }
+            let Some(head) = self.subs.values().filter_map(|s| s.buf.front().map(|(_, e)| e.position)).min() else {
+                break;
+            };
+            let mut matched: Vec<(&mut Subscription, Offset, IndexEntry)> = Vec::new();
+            for s in self.subs.values_mut() {
+                if s.buf.front().is_some_and(|(_, e)| e.position == head) {
+                    let (o, e) = s.buf.pop_front().expect("invariant: front exists");
+                    matched.push((s, o, e));
+                }
+            }
+            let entry = matched[0].2;
+            let message = Message::from_record(storage.read_record(&entry)?);
+            let expired = message.remaining_expiry(now) == Some(0);
+            let mut qos = 0u8;
+            let mut retain = false;
+            let mut dup = false;
+            let mut ids = Vec::new();
+            let mut settles = Vec::new();
+            for (s, o, _) in matched.iter_mut() {
+                let own = s.state.no_local && message.publisher.as_deref() == Some(client_id);
+                if expired || own {
+                    s.recompute_cursor();
+                    continue;
+                }
+                qos = qos.max(s.state.qos);
+                retain |= s.state.retain_as_published && message.retain;
+                dup |= o.get() < s.state.sent;
+                ids.extend(s.state.subscription_id);
+                settles.push((s.state.filter.clone(), *o));
+            }
+            if settles.is_empty() {
+                continue;
+            }
+            let qos = qos.min(message.qos);
+            for (s, o, _) in matched {
+                if !settles.iter().any(|(f, _)| *f == s.state.filter) {
+                    continue;
+                }
+                s.state.sent = s.state.sent.max(o.get() + 1);
+                if qos > 0 {
+                    s.pending.insert(o);
+                }
+                s.recompute_cursor();
+            }
+            out.push(Outgoing {
+                message,
+                position: head,
+                qos,
+                retain,
+                dup: dup && qos > 0,
+                subscription_ids: ids,
+                settles,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Marks the offsets of an acknowledged message done and advances cursors.
+    pub fn settle(&mut self, settles: &[(String, Offset)]) {
+        for (filter, off) in settles {
+            if let Some(s) = self.subs.get_mut(filter) {
+                s.pending.remove(off);
+                s.recompute_cursor();
+            }
+        }
+    }
+
+    /// Forgets in-flight state so delivery restarts at the cursors (after a reconnect).
+    pub fn rewind(&mut self) {
+        for s in self.subs.values_mut() {
+            s.pending.clear();
+            s.buf.clear();
+            s.read = Offset(s.state.cursor);
+        }
+    }
+
+    pub fn states(&self) -> Vec<SubscriptionState> {
+        self.subs.values().map(|s| s.state.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,139 @@
+use std::sync::Arc;
+
+use silt_storage::{Storage, StorageConfig};
+
+use super::*;
+
+fn storage(dir: &std::path::Path) -> Arc<Storage> {
+    Arc::new(Storage::open(dir, StorageConfig::default()).unwrap())
+}
+
+fn msg(topic: &str, payload: &str, qos: u8) -> Message {
+    Message {
+        topic: topic.into(),
+        payload: Bytes::copy_from_slice(payload.as_bytes()),
+        qos,
+        publisher: Some("pub".into()),
+        timestamp: Timestamp::now(),
+        ..Message::default()
+    }
+}
+
+fn sub(s: &Storage, subs: &mut Subscriptions, filter: &str, qos: u8) {
+    let f = TopicFilter::new(filter).unwrap();
+    if f.has_wildcard() {
+        s.register_filter_blocking(&f).unwrap();
+    }
+    let state = SubscriptionState {
+        filter: filter.into(),
+        qos,
+        no_local: false,
+        retain_as_published: false,
+        subscription_id: None,
+        cursor: 0,
+        sent: 0,
+    };
+    subs.subs.insert(filter.into(), Subscription::new(state, queue_for(&f)));
+}
+
+fn publish(s: &Storage, m: &Message) {
+    let a = s.append_blocking(&[m.to_record()]).unwrap();
+    s.wait_dispatched_blocking(a.end).unwrap();
+}
+
+fn payloads(out: &[Outgoing]) -> Vec<String> {
+    out.iter().map(|o| String::from_utf8_lossy(&o.message.payload).into_owned()).collect()
+}
+
+#[test]
+fn overlapping_subscriptions_deliver_once_at_the_highest_qos() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let mut subs = Subscriptions::default();
+    sub(&s, &mut subs, "a/#", 0);
+    sub(&s, &mut subs, "a/+", 1);
+    sub(&s, &mut subs, "a/b", 2);
+    publish(&s, &msg("a/b", "m1", 2));
+    publish(&s, &msg("a/c", "m2", 2));
+    publish(&s, &msg("a/b/c", "m3", 1));
+    let out = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    assert_eq!(payloads(&out), ["m1", "m2", "m3"]);
+    assert_eq!(out.iter().map(|o| o.qos).collect::<Vec<_>>(), [2, 1, 0]);
+    assert_eq!(out[0].settles.len(), 3, "one delivery settles all three subscriptions");
+}
+
+#[test]
+fn cursors_advance_only_when_acknowledged_and_rewind_redelivers_with_dup() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let mut subs = Subscriptions::default();
+    sub(&s, &mut subs, "t", 1);
+    for i in 0..3 {
+        publish(&s, &msg("t", &format!("m{i}"), 1));
+    }
+    let out = subs.pull(&s, "me", Timestamp::now(), 2).unwrap();
+    assert_eq!(payloads(&out), ["m0", "m1"]);
+    subs.settle(&out[1].settles);
+    assert_eq!(subs.subs["t"].state.cursor, 0, "m0 still unacknowledged");
+    subs.settle(&out[0].settles);
+    assert_eq!(subs.subs["t"].state.cursor, 2);
+    let out = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    assert_eq!(payloads(&out), ["m2"]);
+    assert!(!out[0].dup);
+    subs.rewind();
+    let again = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    assert_eq!(payloads(&again), ["m2"]);
+    assert!(again[0].dup, "a resend after rewind carries DUP");
+}
+
+#[test]
+fn no_local_and_expired_messages_are_skipped_and_settled() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let mut subs = Subscriptions::default();
+    sub(&s, &mut subs, "t", 1);
+    subs.subs.get_mut("t").unwrap().state.no_local = true;
+    publish(&s, &msg("t", "mine", 1));
+    let mut old = msg("t", "expired", 1);
+    old.publisher = Some("other".into());
+    old.expiry = Some(1);
+    old.timestamp = Timestamp(Timestamp::now().get() - 5_000);
+    publish(&s, &old);
+    let mut theirs = msg("t", "theirs", 1);
+    theirs.publisher = Some("other".into());
+    publish(&s, &theirs);
+    let out = subs.pull(&s, "pub", Timestamp::now(), 10).unwrap();
+    assert_eq!(payloads(&out), ["theirs"]);
+    subs.settle(&out[0].settles);
+    assert_eq!(subs.subs["t"].state.cursor, 3);
+}
+
+#[test]
+fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let snap = SessionSnapshot {
+        client_id: "c1".into(),
+        expiry_secs: 3600,
+        subscriptions: vec![SubscriptionState {
+            filter: "a/+".into(),
+            qos: 1,
+            no_local: true,
+            retain_as_published: false,
+            subscription_id: Some(7),
+            cursor: 42,
+            sent: 45,
+        }],
+        inbound_qos2: vec![3],
+        disconnected_at: Some(1),
+    };
+    s.append_blocking(&[snap.to_record(Timestamp::now())]).unwrap();
+    let mut c2 = snap.clone();
+    c2.client_id = "c2".into();
+    s.append_blocking(&[c2.to_record(Timestamp::now())]).unwrap();
+    let a = s.append_blocking(&[SessionSnapshot::tombstone("c2", Timestamp::now())]).unwrap();
+    s.wait_dispatched_blocking(a.end).unwrap();
+    let all = SessionSnapshot::load_all(&s).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all["c1"], snap);
+}

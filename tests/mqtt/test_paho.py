@@ -1,0 +1,152 @@
+"""MQTT 5.0 and 3.1.1 features with paho-mqtt against a running `silt serve`."""
+
+import time
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from conftest import Client
+
+
+def publish_props(**kw):
+    p = Properties(PacketTypes.PUBLISH)
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def test_v5_properties_pass_through(silt):
+    sub = Client(silt, "props-sub")
+    sub.c.subscribe("req/#", qos=1)
+    time.sleep(0.3)
+    pub = Client(silt, "props-pub")
+    props = publish_props(
+        UserProperty=[("trace", "abc"), ("trace", "def")],
+        ContentType="application/json",
+        ResponseTopic="resp/1",
+        CorrelationData=b"\x01\x02",
+        PayloadFormatIndicator=1,
+        MessageExpiryInterval=120,
+    )
+    pub.c.publish("req/x", b'{"a":1}', qos=1, properties=props).wait_for_publish(5)
+    m = sub.get()
+    assert m.payload == b'{"a":1}'
+    assert m.properties.UserProperty == [("trace", "abc"), ("trace", "def")]
+    assert m.properties.ContentType == "application/json"
+    assert m.properties.ResponseTopic == "resp/1"
+    assert m.properties.CorrelationData == b"\x01\x02"
+    assert m.properties.PayloadFormatIndicator == 1
+    assert 0 < m.properties.MessageExpiryInterval <= 120
+    pub.close()
+    sub.close()
+
+
+def test_qos2_both_ways_delivers_exactly_once(silt):
+    sub = Client(silt, "q2-sub")
+    sub.c.subscribe("q2/t", qos=2)
+    time.sleep(0.3)
+    pub = Client(silt, "q2-pub")
+    for i in range(20):
+        pub.c.publish("q2/t", str(i).encode(), qos=2).wait_for_publish(5)
+    got = [sub.get() for _ in range(20)]
+    assert [m.payload for m in got] == [str(i).encode() for i in range(20)]
+    assert all(m.qos == 2 for m in got)
+    assert sub.none()
+    pub.close()
+    sub.close()
+
+
+def test_overlapping_subscriptions_deliver_once_at_max_qos(silt):
+    sub = Client(silt, "overlap")
+    sub.c.subscribe([("o/#", 0), ("o/+", 1)])
+    time.sleep(0.3)
+    pub = Client(silt, "overlap-pub")
+    pub.c.publish("o/x", b"m", qos=2).wait_for_publish(5)
+    m = sub.get()
+    assert m.qos == 1
+    assert sub.none()
+    pub.close()
+    sub.close()
+
+
+def test_no_local_skips_own_messages(silt):
+    c = Client(silt, "nl")
+    c.c.subscribe("nl/t", options=SubscribeOptions(qos=1, noLocal=True))
+    other = Client(silt, "nl-other")
+    time.sleep(0.3)
+    c.c.publish("nl/t", b"mine", qos=1).wait_for_publish(5)
+    other.c.publish("nl/t", b"theirs", qos=1).wait_for_publish(5)
+    assert c.get().payload == b"theirs"
+    assert c.none()
+    c.close()
+    other.close()
+
+
+def test_retain_handling_and_retain_as_published(silt):
+    pub = Client(silt, "rh-pub")
+    pub.c.publish("rh/a", b"kept", qos=1, retain=True).wait_for_publish(5)
+    c = Client(silt, "rh")
+    c.c.subscribe("rh/#", options=SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND))
+    assert c.none()
+    c2 = Client(silt, "rh2")
+    c2.c.subscribe("rh/#", options=SubscribeOptions(qos=1, retainAsPublished=True))
+    m = c2.get()
+    assert m.payload == b"kept" and m.retain
+    pub.c.publish("rh/a", b"live", qos=1, retain=True).wait_for_publish(5)
+    live = c2.get()
+    assert live.payload == b"live" and live.retain, "retain-as-published keeps the flag on live messages"
+    plain = c.get()
+    assert plain.payload == b"live" and not plain.retain, "without retain-as-published the flag is cleared"
+    for x in (pub, c, c2):
+        x.close()
+
+
+def test_subscription_identifiers_are_returned(silt):
+    c = Client(silt, "sid")
+    p = Properties(PacketTypes.SUBSCRIBE)
+    p.SubscriptionIdentifier = 42
+    c.c.subscribe("sid/+", qos=1, properties=p)
+    time.sleep(0.3)
+    pub = Client(silt, "sid-pub")
+    pub.c.publish("sid/x", b"m", qos=1).wait_for_publish(5)
+    m = c.get()
+    assert m.properties.SubscriptionIdentifier == [42]
+    pub.close()
+    c.close()
+
+
+def test_will_is_published_on_abnormal_close_not_on_disconnect(silt):
+    watcher = Client(silt, "will-watch")
+    watcher.c.subscribe("wills/#", qos=1)
+    time.sleep(0.3)
+    polite = Client(silt, "polite", will={"topic": "wills/polite", "payload": b"gone", "qos": 1})
+    polite.close()
+    rude = Client(silt, "rude", will={"topic": "wills/rude", "payload": b"gone", "qos": 1})
+    rude.drop()
+    m = watcher.get()
+    assert m.topic == "wills/rude"
+    assert watcher.none()
+    watcher.close()
+
+
+def test_assigned_client_identifier_for_empty_id(silt):
+    c = Client(silt, "")
+    assert c.props.AssignedClientIdentifier
+    c.close()
+
+
+def test_v311_persistent_session_resumes_with_session_present(silt):
+    c = Client(silt, "p311", protocol=mqtt.MQTTv311, clean=False)
+    c.c.subscribe("p/#", qos=1)
+    time.sleep(0.3)
+    c.close()
+    pub = Client(silt, "p311-pub", protocol=mqtt.MQTTv311)
+    for i in range(10):
+        pub.c.publish(f"p/{i}", str(i).encode(), qos=1).wait_for_publish(5)
+    c = Client(silt, "p311", protocol=mqtt.MQTTv311, clean=False)
+    assert c.flags.session_present
+    assert [c.get().payload for _ in range(10)] == [str(i).encode() for i in range(10)]
+    c.close()
+    pub.close()
