@@ -16,10 +16,10 @@ SILT_BIN = os.environ.get("SILT_BIN", "target/debug/silt")
 
 
 class Silt:
-    def __init__(self, data_dir):
+    def __init__(self, data_dir, extra_args=()):
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
-            [SILT_BIN, "serve", "--mqtt", "127.0.0.1:0", "--data-dir", data_dir],
+            [SILT_BIN, "serve", "--mqtt", "127.0.0.1:0", "--data-dir", data_dir, *extra_args],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
@@ -75,6 +75,10 @@ class Client:
                              clean_session=None if protocol == mqtt.MQTTv5 else clean)
         self.c.on_message = lambda c, u, msg: self.messages.put(msg)
         self.c.on_connect = lambda c, u, flags, rc, props: self.connack.put((flags, rc, props))
+        self.published = queue.Queue()
+        self.c.on_publish = lambda c, u, mid, rc, props: self.published.put((mid, rc))
+        self.subacks = queue.Queue()
+        self.c.on_subscribe = lambda c, u, mid, rcs, props: self.subacks.put(rcs)
         self.c.on_disconnect = lambda c, u, flags, rc, props: self.disconnects.put(rc)
         if username is not None:
             self.c.username_pw_set(username, password)

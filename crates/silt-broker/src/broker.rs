@@ -142,6 +142,7 @@ pub struct Stats {
 pub struct Broker {
     pub storage: Arc<Storage>,
     pub config: Arc<MqttConfig>,
+    pub auth: Arc<crate::auth::Auth>,
     pub stats: Stats,
     router: Arc<Router>,
     state: Mutex<State>,
@@ -162,7 +163,12 @@ impl Broker {
     /// The router must be the dispatch listener the storage was opened with.
     /// Blocks until the index has caught up with the log (session and retained state are read
     /// through it), so call it before the runtime serves clients.
-    pub fn new(storage: Arc<Storage>, router: Arc<Router>, config: MqttConfig) -> silt_storage::Result<Arc<Broker>> {
+    pub fn new(
+        storage: Arc<Storage>,
+        router: Arc<Router>,
+        config: MqttConfig,
+        auth: crate::auth::Auth,
+    ) -> silt_storage::Result<Arc<Broker>> {
         storage.wait_dispatched_blocking(storage.stats().log_end)?;
         let retained = RetainedStore::load(&storage)?;
         let snapshots = SessionSnapshot::load_all(&storage)?;
@@ -184,6 +190,7 @@ impl Broker {
         Ok(Arc::new(Broker {
             storage,
             config: Arc::new(config),
+            auth: Arc::new(auth),
             stats: Stats::default(),
             router,
             state: Mutex::new(state),

@@ -26,9 +26,8 @@ pub struct MqttConfig {
     pub cursor_commit_ms: u64,
     /// Connections accepted at once; more are refused.
     pub max_connections: usize,
-    /// Accept clients without credentials from non-loopback addresses. Loopback clients are
-    /// always accepted without credentials.
-    pub allow_anonymous_remote: bool,
+    /// Passwords, ACLs and anonymous access (`[mqtt.auth]`).
+    pub auth: crate::auth::AuthConfig,
     /// Seconds between `$SYS/` statistics publications (0: off).
     pub sys_interval_secs: u64,
 }
@@ -45,7 +44,7 @@ impl Default for MqttConfig {
             server_keep_alive_secs: 0,
             cursor_commit_ms: 500,
             max_connections: 100_000,
-            allow_anonymous_remote: false,
+            auth: crate::auth::AuthConfig::default(),
             sys_interval_secs: 10,
         }
     }

@@ -25,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use crate::auth::{Access, AuthError};
 use crate::broker::{Broker, ConnId, SessionRef};
 use crate::message::Message;
 use crate::session::SubscriptionState;
@@ -163,6 +164,7 @@ struct Conn<R, W> {
     want_pull: bool,
     will: Option<(Message, u32)>,
     session_expiry: u32,
+    username: Option<String>,
 }
 
 impl<R, W> Conn<R, W>
@@ -181,9 +183,21 @@ where
     ) -> Option<Self> {
         let v = connect.protocol_version;
         let refuse = |code: ReasonCode| Packet::ConnAck(Box::new(ConnAck::refused(code)));
-        // Anonymous clients are welcome on loopback; elsewhere only when the config says so.
-        if !peer.ip().is_loopback() && !broker.config.allow_anonymous_remote {
-            let _ = write_packet(&mut wr, v, &refuse(ReasonCode::NotAuthorized)).await;
+        let verdict = {
+            let auth = broker.auth.clone();
+            let (user, pass) = (connect.username.clone(), connect.password.clone());
+            // argon2 is deliberately slow: keep it off the runtime's worker threads.
+            tokio::task::spawn_blocking(move || auth.authenticate(user.as_deref(), pass.as_deref(), peer))
+                .await
+                .unwrap_or(Err(AuthError::NotAuthorized))
+        };
+        if let Err(e) = verdict {
+            tracing::info!(%peer, user = ?connect.username, reason = ?e, "connection refused");
+            let code = match e {
+                AuthError::BadCredentials => ReasonCode::BadUserNameOrPassword,
+                AuthError::NotAuthorized => ReasonCode::NotAuthorized,
+            };
+            let _ = write_packet(&mut wr, v, &refuse(code)).await;
             return None;
         }
         let mut client_id = connect.client_id.clone();
@@ -224,6 +238,13 @@ where
         if connect.will.is_some() && will.is_none() {
             let code = if v.is_v5() { ReasonCode::TopicNameInvalid } else { ReasonCode::UnspecifiedError };
             let _ = write_packet(&mut wr, v, &refuse(code)).await;
+            return None;
+        }
+        if let Some((w, _)) = &will
+            && !broker.auth.allows_topic(connect.username.as_deref(), &client_id, Access::Write, &w.topic)
+        {
+            tracing::info!(%peer, client_id = %client_id, "will topic not authorized");
+            let _ = write_packet(&mut wr, v, &refuse(ReasonCode::NotAuthorized)).await;
             return None;
         }
         broker.cancel_will(&client_id);
@@ -290,6 +311,7 @@ where
             want_pull: true,
             will,
             session_expiry,
+            username: connect.username.clone(),
         })
     }
 
@@ -452,8 +474,11 @@ where
             self.queue(&Packet::PubRec(PubResponse::new(id)));
             return Ok(());
         }
-        if topic.starts_with("$SYS") {
-            // Clients may not write the broker's statistics.
+        let denied = topic.starts_with("$SYS") // the broker's statistics are its own
+            || !self.broker.auth.allows_topic(self.username.as_deref(), &self.client_id, Access::Write, &topic);
+        if denied {
+            tracing::debug!(client_id = %self.client_id, topic = %topic, "publish not authorized");
+            // MQTT 3.1.1 cannot say no: the message is acknowledged and dropped, as mosquitto does.
             if let Some(id) = packet_id {
                 let mut r = PubResponse::new(id);
                 r.reason_code = ReasonCode::NotAuthorized;
@@ -568,6 +593,15 @@ where
                         continue;
                     }
                 };
+                if !self.broker.auth.allows_subscribe(self.username.as_deref(), &self.client_id, filter.as_str()) {
+                    tracing::debug!(client_id = %self.client_id, filter = %filter, "subscribe not authorized");
+                    codes.push(if self.version.is_v5() {
+                        ReasonCode::NotAuthorized
+                    } else {
+                        ReasonCode::UnspecifiedError
+                    });
+                    continue;
+                }
                 let existed = session.subs.subs.contains_key(filter.as_str());
                 let o = sub.options;
                 let state = SubscriptionState {
@@ -703,6 +737,12 @@ where
         settles: Vec<(String, Offset)>,
         now: Timestamp,
     ) {
+        if self.broker.auth.has_acl()
+            && !self.broker.auth.allows_topic(self.username.as_deref(), &self.client_id, Access::Read, &m.topic)
+        {
+            self.settle_now(settles);
+            return;
+        }
         let mut p = Publish::new(m.topic.clone(), m.payload.clone());
         p.qos = qos;
         p.retain = retain;
@@ -727,10 +767,7 @@ where
         if !fits {
             // The client could not accept it: the spec says discard, as if delivered.
             tracing::debug!(client_id = %self.client_id, "message larger than the client's maximum packet size dropped");
-            if !settles.is_empty() {
-                let session = self.session.clone();
-                tokio::spawn(async move { session.lock().await.subs.settle(&settles) });
-            }
+            self.settle_now(settles);
             return;
         }
         if let Some(id) = packet_id {
@@ -738,6 +775,14 @@ where
         }
         self.queue(&packet);
         self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Settles a message that will not be sent (denied by an ACL, too large for the client).
+    fn settle_now(&self, settles: Vec<(String, Offset)>) {
+        if !settles.is_empty() {
+            let session = self.session.clone();
+            tokio::spawn(async move { session.lock().await.subs.settle(&settles) });
+        }
     }
 
     fn apply_topic_alias(&mut self, p: &mut Publish) {

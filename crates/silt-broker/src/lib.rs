@@ -1,5 +1,6 @@
 //! Silt's MQTT broker core on the storage engine.
 //!
+//! - [`auth`]: argon2 password file, mosquitto-style ACLs, anonymous policy.
 //! - [`message`]: an MQTT message as a log record (routing: first level = stream) and back.
 //! - [`session`]: subscriptions with cursors over consume queues; log-order merge; snapshots.
 //! - [`retained`]: retained messages, a topic trie walked by filter, persisted in the log.
@@ -13,6 +14,7 @@
 //! log's fsync policy. Offline sessions keep cursors, not copies: their backlog is bounded by
 //! retention, never by a message count.
 
+pub mod auth;
 pub mod broker;
 mod config;
 mod connection;

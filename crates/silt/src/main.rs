@@ -30,6 +30,13 @@ struct Cli {
 enum Command {
     /// Run the broker.
     Serve(ServeArgs),
+    /// Add or replace a user in a password file (argon2id); reads the password from stdin.
+    Passwd {
+        /// The password file (`mqtt.auth.password_file`); created if missing.
+        file: PathBuf,
+        /// The username.
+        user: String,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -54,6 +61,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Passwd { file, user } => passwd(&file, &user),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -62,6 +70,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn passwd(file: &std::path::Path, user: &str) -> anyhow::Result<()> {
+    if user.is_empty() || user.contains(':') || user.contains(char::is_whitespace) {
+        anyhow::bail!("username must be non-empty, without ':' or spaces");
+    }
+    let mut password = String::new();
+    std::io::stdin().read_line(&mut password)?;
+    let password = password.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        anyhow::bail!("empty password on stdin");
+    }
+    let hash = silt_broker::auth::hash_password(password).map_err(|e| anyhow::anyhow!(e))?;
+    let existing = std::fs::read_to_string(file).unwrap_or_default();
+    let mut lines: Vec<String> =
+        existing.lines().filter(|l| l.split_once(':').map(|(u, _)| u) != Some(user)).map(str::to_owned).collect();
+    lines.push(format!("{user}:{hash}"));
+    std::fs::write(file, lines.join("\n") + "\n")
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", file.display()))?;
+    eprintln!("silt: {user} set in {}", file.display());
+    Ok(())
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -87,7 +116,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let storage = Storage::open_with(&cfg.data_dir, cfg.storage.clone(), vec![listener])
         .map(Arc::new)
         .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e}", cfg.data_dir.display()))?;
-    let broker = Broker::new(storage.clone(), router, cfg.mqtt.clone())
+    let auth = silt_broker::auth::Auth::load(&cfg.mqtt.auth).map_err(|e| anyhow::anyhow!("mqtt.auth: {e}"))?;
+    let broker = Broker::new(storage.clone(), router, cfg.mqtt.clone(), auth)
         .map_err(|e| anyhow::anyhow!("cannot recover broker state: {e}"))?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
