@@ -272,7 +272,9 @@ mod tests {
 
     #[test]
     fn acl_grants_denies_and_substitutes() {
-        let a = acl("topic read public/#\nuser alice\ntopic readwrite alice/#\ntopic deny alice/secret/#\npattern write devices/%c/#\n");
+        let a = acl(
+            "topic read public/#\nuser alice\ntopic readwrite alice/#\ntopic deny alice/secret/#\npattern write devices/%c/#\n",
+        );
         assert!(a.allows_subscribe(None, "x", "public/+"));
         assert!(!a.allows_topic(None, "x", Access::Write, "public/a"));
         assert!(a.allows_topic(Some("alice"), "c1", Access::Write, "alice/a"));

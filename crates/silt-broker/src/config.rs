@@ -30,6 +30,15 @@ pub struct MqttConfig {
     pub auth: crate::auth::AuthConfig,
     /// Seconds between `$SYS/` statistics publications (0: off).
     pub sys_interval_secs: u64,
+    /// MQTT over TLS (`[mqtt.tls]`; `--mqtt-tls ADDR`). Off when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsListenerConfig>,
+    /// MQTT over WebSocket (`[mqtt.websocket]`; `--mqtt-ws ADDR`). Off when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub websocket: Option<WsListenerConfig>,
+    /// MQTT over WebSocket over TLS (`[mqtt.websocket_tls]`; `--mqtt-wss ADDR`). Off when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub websocket_tls: Option<WssListenerConfig>,
 }
 
 impl Default for MqttConfig {
@@ -46,6 +55,9 @@ impl Default for MqttConfig {
             max_connections: 100_000,
             auth: crate::auth::AuthConfig::default(),
             sys_interval_secs: 10,
+            tls: None,
+            websocket: None,
+            websocket_tls: None,
         }
     }
 }
@@ -71,6 +83,121 @@ impl MqttConfig {
         if self.max_connections == 0 {
             return bad("max_connections", "must be at least 1");
         }
+        if let Some(t) = &self.tls {
+            check_listener("mqtt.tls", &t.listen, None, Some((&t.cert_file, &t.key_file)))?;
+        }
+        if let Some(w) = &self.websocket {
+            check_listener("mqtt.websocket", &w.listen, Some(&w.path), None)?;
+        }
+        if let Some(w) = &self.websocket_tls {
+            check_listener("mqtt.websocket_tls", &w.listen, Some(&w.path), Some((&w.cert_file, &w.key_file)))?;
+        }
         Ok(())
+    }
+}
+
+/// `[mqtt.tls]`: MQTT over TLS. The certificate and key are PEM files read at start-up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsListenerConfig {
+    /// Address bound, exactly as given.
+    pub listen: String,
+    /// Certificate chain, leaf first (`--tls-cert FILE` overrides it).
+    pub cert_file: std::path::PathBuf,
+    /// Private key: PKCS#8, PKCS#1 or SEC1 (`--tls-key FILE` overrides it).
+    pub key_file: std::path::PathBuf,
+}
+
+impl Default for TlsListenerConfig {
+    fn default() -> Self {
+        Self { listen: "127.0.0.1:8883".into(), cert_file: Default::default(), key_file: Default::default() }
+    }
+}
+
+/// `[mqtt.websocket]`: MQTT over WebSocket, subprotocol `mqtt`, on one HTTP path.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WsListenerConfig {
+    /// Address bound, exactly as given.
+    pub listen: String,
+    /// The only path upgraded; other paths get 404.
+    pub path: String,
+}
+
+impl Default for WsListenerConfig {
+    fn default() -> Self {
+        Self { listen: "127.0.0.1:8083".into(), path: "/mqtt".into() }
+    }
+}
+
+/// `[mqtt.websocket_tls]`: MQTT over WebSocket over TLS.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WssListenerConfig {
+    /// Address bound, exactly as given.
+    pub listen: String,
+    /// The only path upgraded; other paths get 404.
+    pub path: String,
+    /// As in `[mqtt.tls]` (`--tls-cert FILE` overrides it).
+    pub cert_file: std::path::PathBuf,
+    /// As in `[mqtt.tls]` (`--tls-key FILE` overrides it).
+    pub key_file: std::path::PathBuf,
+}
+
+impl Default for WssListenerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8084".into(),
+            path: "/mqtt".into(),
+            cert_file: Default::default(),
+            key_file: Default::default(),
+        }
+    }
+}
+
+/// Checks one extra listener's settings; `table` names it in the error (`mqtt.tls`).
+fn check_listener(
+    table: &str,
+    listen: &str,
+    path: Option<&str>,
+    pem: Option<(&std::path::Path, &std::path::Path)>,
+) -> Result<(), String> {
+    if listen.parse::<std::net::SocketAddr>().is_err() {
+        return Err(format!("{table}.listen: must be an address such as 127.0.0.1:8883, not {listen:?}"));
+    }
+    if let Some(path) = path
+        && !path.starts_with('/')
+    {
+        return Err(format!("{table}.path: must start with '/', not {path:?}"));
+    }
+    if let Some((cert, key)) = pem {
+        if cert.as_os_str().is_empty() {
+            return Err(format!("{table}.cert_file: required (a PEM file; or --tls-cert FILE)"));
+        }
+        if key.as_os_str().is_empty() {
+            return Err(format!("{table}.key_file: required (a PEM file; or --tls-key FILE)"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod listener_tests {
+    use super::*;
+
+    #[test]
+    fn listener_errors_name_the_key() {
+        let mut c = MqttConfig { tls: Some(TlsListenerConfig::default()), ..MqttConfig::default() };
+        assert!(c.validate().unwrap_err().starts_with("mqtt.tls.cert_file: required"));
+        c.tls = Some(TlsListenerConfig { listen: "nowhere".into(), ..TlsListenerConfig::default() });
+        assert!(c.validate().unwrap_err().starts_with("mqtt.tls.listen:"));
+        c.tls = None;
+        c.websocket = Some(WsListenerConfig { path: "mqtt".into(), ..WsListenerConfig::default() });
+        assert!(c.validate().unwrap_err().starts_with("mqtt.websocket.path:"));
+        c.websocket = Some(WsListenerConfig::default());
+        c.websocket_tls = Some(WssListenerConfig { cert_file: "c.pem".into(), ..WssListenerConfig::default() });
+        assert!(c.validate().unwrap_err().starts_with("mqtt.websocket_tls.key_file: required"));
+        c.websocket_tls = None;
+        assert_eq!(c.validate(), Ok(()));
     }
 }

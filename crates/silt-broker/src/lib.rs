@@ -6,7 +6,8 @@
 //! - [`retained`]: retained messages, a topic trie walked by filter, persisted in the log.
 //! - [`broker`]: the session registry, the dispatch-driven router, publish path, expiry.
 //! - `connection`: one MQTT connection (3.1, 3.1.1, 5.0) driving a session.
-//! - [`server`]: listeners and housekeeping tasks.
+//! - [`server`]: accept loops and housekeeping tasks.
+//! - [`listeners`]: the transports: TCP, TLS, WebSocket, WebSocket over TLS.
 //! - `sys`: `$SYS/broker/...` statistics.
 //! - [`MqttConfig`]: the `[mqtt]` settings.
 //!
@@ -18,6 +19,7 @@ pub mod auth;
 pub mod broker;
 mod config;
 mod connection;
+pub mod listeners;
 pub mod message;
 pub mod retained;
 pub mod server;
@@ -25,5 +27,5 @@ pub mod session;
 mod sys;
 
 pub use broker::{Broker, Router};
-pub use config::MqttConfig;
+pub use config::{MqttConfig, TlsListenerConfig, WsListenerConfig, WssListenerConfig};
 pub use message::Message;

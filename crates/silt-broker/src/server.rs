@@ -1,45 +1,64 @@
-//! Listeners: accept connections and hand each to its own connection task. The caller passes
-//! the shutdown signal in (mini-redis style); a semaphore bounds open connections.
+//! Accept loops: each accepted connection gets its own task, which runs the listener's
+//! transport handshake (TLS, WebSocket upgrade; bounded by [`HANDSHAKE_TIMEOUT`]) and then the
+//! MQTT connection. The caller passes the shutdown signal in (mini-redis style); one semaphore
+//! bounds open connections across all listeners, counting those still in their handshake.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::broker::Broker;
 use crate::connection;
+use crate::listeners::{self, HANDSHAKE_TIMEOUT, Listener, Transport};
 
 /// Accepts MQTT connections on `listener` until `shutdown` turns true, then closes every
 /// connection (persisting sessions) and returns.
-pub async fn run_tcp(broker: Arc<Broker>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+pub async fn run_tcp(broker: Arc<Broker>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+    run(broker, vec![Listener::new(listener, Transport::Tcp)], shutdown).await;
+}
+
+/// Serves every listener until `shutdown` turns true, then closes every connection
+/// (persisting sessions) and returns. `mqtt.max_connections` bounds them all together.
+pub async fn run(broker: Arc<Broker>, listeners: Vec<Listener>, shutdown: watch::Receiver<bool>) {
     let limit = Arc::new(Semaphore::new(broker.config.max_connections));
+    let mut loops = JoinSet::new();
+    for listener in listeners {
+        loops.spawn(accept_loop(broker.clone(), listener, limit.clone(), shutdown.clone()));
+    }
+    while loops.join_next().await.is_some() {}
+}
+
+async fn accept_loop(
+    broker: Arc<Broker>,
+    listener: Listener,
+    limit: Arc<Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let kind = listener.kind();
     let mut tasks = JoinSet::new();
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
-            accepted = listener.accept() => {
+            accepted = listener.tcp.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
+                        tracing::warn!(kind, error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
                 };
                 let Ok(permit) = limit.clone().try_acquire_owned() else {
-                    tracing::warn!(%peer, "connection limit reached; refusing");
+                    tracing::warn!(kind, %peer, "connection limit reached; refusing");
                     drop(stream);
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let broker = broker.clone();
-                let shutdown = shutdown.clone();
-                tasks.spawn(async move {
-                    connection::run(broker, stream, peer, shutdown).await;
-                    drop(permit);
-                });
+                tasks.spawn(serve_one(broker.clone(), listener.transport.clone(), stream, peer, permit, shutdown.clone()));
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
@@ -47,8 +66,39 @@ pub async fn run_tcp(broker: Arc<Broker>, listener: TcpListener, mut shutdown: w
     // Connections see the same signal and close themselves; wait for them (bounded).
     let drain = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(10), drain).await.is_err() {
-        tracing::warn!("some connections did not close within 10 s");
+        tracing::warn!(kind, "some connections did not close within 10 s");
     }
+}
+
+/// One connection: the transport's handshake, then MQTT. A failed handshake ends only this
+/// connection. The permit is held until the connection is gone (it is dropped on return).
+async fn serve_one(
+    broker: Arc<Broker>,
+    transport: Transport,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _permit: OwnedSemaphorePermit,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    if let Transport::Tcp = transport {
+        return connection::run(broker, stream, peer, shutdown).await;
+    }
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, listeners::upgrade(&transport, stream));
+    let io = tokio::select! {
+        _ = shutdown.changed() => return,
+        r = handshake => match r {
+            Ok(Ok(io)) => io,
+            Ok(Err(e)) => {
+                tracing::debug!(kind = transport.kind(), %peer, error = %e, "handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(kind = transport.kind(), %peer, "handshake timed out");
+                return;
+            }
+        },
+    };
+    connection::run(broker, io, peer, shutdown).await;
 }
 
 /// Periodic housekeeping: session expiry and `$SYS/` statistics.

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use silt_broker::{Broker, Router};
 use silt_storage::Storage;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::SiltConfig;
@@ -50,6 +49,22 @@ struct ServeArgs {
     /// MQTT TCP listener address; overrides `mqtt.listen` (default 127.0.0.1:1883).
     #[arg(long, value_name = "ADDR")]
     mqtt: Option<String>,
+    /// MQTT over TLS on ADDR; sets `mqtt.tls.listen` (needs a certificate and key: `[mqtt.tls]`
+    /// in the config file, or --tls-cert and --tls-key).
+    #[arg(long, value_name = "ADDR")]
+    mqtt_tls: Option<String>,
+    /// MQTT over WebSocket on ADDR (path /mqtt); sets `mqtt.websocket.listen`.
+    #[arg(long, value_name = "ADDR")]
+    mqtt_ws: Option<String>,
+    /// MQTT over WebSocket over TLS on ADDR (path /mqtt); sets `mqtt.websocket_tls.listen`.
+    #[arg(long, value_name = "ADDR")]
+    mqtt_wss: Option<String>,
+    /// PEM certificate chain for the TLS listeners; overrides their `cert_file`.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for the TLS listeners; overrides their `key_file`.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -98,6 +113,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => SiltConfig::load(path)?,
         None => SiltConfig::default(),
     };
+    apply_listener_flags(&mut cfg.mqtt, &args);
     if let Some(dir) = args.data_dir {
         cfg.data_dir = dir;
     }
@@ -121,11 +137,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot recover broker state: {e}"))?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mqtt = rt
-        .block_on(TcpListener::bind(&cfg.mqtt.listen))
-        .map_err(|e| anyhow::anyhow!("mqtt.listen {}: {e}", cfg.mqtt.listen))?;
-    let mqtt_addr = mqtt.local_addr()?;
-    let server = rt.spawn(silt_broker::server::run_tcp(broker.clone(), mqtt, stop_rx.clone()));
+    let listeners = rt.block_on(silt_broker::listeners::Listener::bind_all(&cfg.mqtt))?;
+    for l in &listeners {
+        tracing::info!(kind = %l.kind(), addr = %l.local_addr()?, "mqtt listener bound");
+    }
+    let mqtt_addr = listeners[0].local_addr()?;
+    let server = rt.spawn(silt_broker::server::run(broker.clone(), listeners, stop_rx.clone()));
     let housekeeping = rt.spawn(silt_broker::server::run_housekeeping(broker.clone(), stop_rx));
     let stats = storage.stats();
     tracing::info!(mqtt = %mqtt_addr, log_end = %stats.log_end, "silt is running");
@@ -143,6 +160,27 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     storage.close().map_err(|e| anyhow::anyhow!("storage did not close cleanly: {e}"))?;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// `--mqtt-tls`, `--mqtt-ws`, `--mqtt-wss`, `--tls-cert` and `--tls-key` over the config file.
+fn apply_listener_flags(mqtt: &mut silt_broker::MqttConfig, args: &ServeArgs) {
+    if let Some(addr) = &args.mqtt_tls {
+        mqtt.tls.get_or_insert_with(Default::default).listen = addr.clone();
+    }
+    if let Some(addr) = &args.mqtt_ws {
+        mqtt.websocket.get_or_insert_with(Default::default).listen = addr.clone();
+    }
+    if let Some(addr) = &args.mqtt_wss {
+        mqtt.websocket_tls.get_or_insert_with(Default::default).listen = addr.clone();
+    }
+    if let Some(cert) = &args.tls_cert {
+        mqtt.tls.iter_mut().for_each(|t| t.cert_file = cert.clone());
+        mqtt.websocket_tls.iter_mut().for_each(|t| t.cert_file = cert.clone());
+    }
+    if let Some(key) = &args.tls_key {
+        mqtt.tls.iter_mut().for_each(|t| t.key_file = key.clone());
+        mqtt.websocket_tls.iter_mut().for_each(|t| t.key_file = key.clone());
+    }
 }
 
 struct Signals {

@@ -70,6 +70,19 @@ impl Silt {
         self.child.wait().unwrap();
     }
 
+    /// The port of the listener of `kind` (`tcp`, `tls`, `ws`, `wss`), from its
+    /// `mqtt listener bound kind=KIND addr=127.0.0.1:PORT` line (logged before "silt is running").
+    pub fn listener_port(&self, kind: &str) -> u16 {
+        let needle = format!("kind={kind} addr=127.0.0.1:");
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .filter(|l| l.contains("mqtt listener bound"))
+            .find_map(|l| l.split(&needle).nth(1))
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no {kind} listener in the log: {log:#?}"))
+    }
+
     pub fn log_contains(&self, needle: &str) -> bool {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
