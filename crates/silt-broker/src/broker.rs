@@ -79,6 +79,8 @@ pub struct Session {
     pub disconnected_at: Option<Timestamp>,
     /// Cursors moved since the last snapshot.
     pub dirty: bool,
+    /// Outbound QoS 2 deliveries not yet completed, by packet id.
+    pub outbound_qos2: std::collections::BTreeMap<u16, crate::session::OutboundQos2>,
 }
 
 impl Session {
@@ -90,6 +92,7 @@ impl Session {
             inbound_qos2: BTreeSet::new(),
             disconnected_at: None,
             dirty: false,
+            outbound_qos2: std::collections::BTreeMap::new(),
         }
     }
 
@@ -104,6 +107,7 @@ impl Session {
             subscriptions: self.subs.states(),
             inbound_qos2: self.inbound_qos2.iter().copied().collect(),
             disconnected_at: self.disconnected_at.map(Timestamp::get),
+            outbound_qos2: self.outbound_qos2.values().cloned().collect(),
         }
     }
 
@@ -177,6 +181,7 @@ impl Broker {
         for (id, snap) in snapshots {
             let mut s = Session::new(&id, snap.expiry_secs);
             s.inbound_qos2 = snap.inbound_qos2.into_iter().collect();
+            s.outbound_qos2 = snap.outbound_qos2.into_iter().map(|o| (o.packet_id, o)).collect();
             // A session that was connected when the broker stopped is offline from now on.
             s.disconnected_at = Some(snap.disconnected_at.map_or(now, Timestamp));
             for st in snap.subscriptions {

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::auth::{Access, AuthError};
 use crate::broker::{Broker, ConnId, SessionRef};
 use crate::message::Message;
-use crate::session::SubscriptionState;
+use crate::session::{OutboundQos2, SubscriptionState};
 
 /// How long a client has to send CONNECT.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -165,6 +165,8 @@ struct Conn<R, W> {
     will: Option<(Message, u32)>,
     session_expiry: u32,
     username: Option<String>,
+    /// QoS 2 deliveries queued but not yet persisted: written before the PUBLISH leaves.
+    qos2_unpersisted: Vec<OutboundQos2>,
 }
 
 impl<R, W> Conn<R, W>
@@ -282,7 +284,7 @@ where
             broker.route_all(connected.conn, &wake, &s);
         }
         tracing::debug!(client_id = %client_id, %peer, version = %v, present = connected.session_present, "client connected");
-        Some(Conn {
+        let mut conn = Conn {
             broker,
             rd,
             wr,
@@ -312,16 +314,68 @@ where
             will,
             session_expiry,
             username: connect.username.clone(),
-        })
+            qos2_unpersisted: Vec::new(),
+        };
+        conn.restore_qos2().await;
+        Some(conn)
+    }
+
+    /// Resends the QoS 2 deliveries a previous connection (or broker) left incomplete, with
+    /// their original packet ids, and holds their offsets so they are not sent again as new.
+    async fn restore_qos2(&mut self) {
+        let restored: Vec<OutboundQos2> = {
+            let mut s = self.session.lock().await;
+            let list: Vec<OutboundQos2> = s.outbound_qos2.values().cloned().collect();
+            for o in &list {
+                s.subs.hold(&o.settles());
+            }
+            list
+        };
+        for o in restored {
+            let Ok(record) = self.broker.storage.read_record(&o.entry()) else {
+                tracing::warn!(client_id = %self.client_id, packet_id = o.packet_id, "in-flight QoS 2 message unreadable");
+                continue;
+            };
+            let Some(id) = PacketId::new(o.packet_id) else { continue };
+            let m = Message::from_record(record);
+            let mut p = Publish::new(m.topic.clone(), m.payload.clone());
+            p.qos = QoS::ExactlyOnce;
+            p.dup = true;
+            p.packet_id = Some(id);
+            if self.version.is_v5() {
+                p.properties = publish_properties(&m, o.subscription_ids.clone(), Timestamp::now());
+            }
+            self.inflight
+                .insert(o.packet_id, Inflight { qos: QoS::ExactlyOnce, released: false, settles: o.settles() });
+            self.queue(&Packet::Publish(p));
+        }
     }
 
     async fn serve(&mut self) -> Close {
         let commit_every = Duration::from_millis(self.broker.config.cursor_commit_ms);
         let mut commit = tokio::time::interval(commit_every);
         commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Packets that arrived with the CONNECT (one TCP segment, one WebSocket message) are
+        // already buffered: handle them now, not when the next bytes happen to arrive.
+        if let Err(close) = self.read_packets().await {
+            return close;
+        }
         loop {
             if let Err(close) = self.deliver().await {
                 return close;
+            }
+            if !self.qos2_unpersisted.is_empty() {
+                {
+                    let mut s = self.session.lock().await;
+                    for o in self.qos2_unpersisted.drain(..) {
+                        s.outbound_qos2.insert(o.packet_id, o);
+                    }
+                }
+                if let Err(e) = self.broker.persist(&self.session).await {
+                    // Without the record, a restart could resend these as new messages.
+                    tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 state not persisted");
+                    return Close::Violation(ReasonCode::UnspecifiedError);
+                }
             }
             if !self.out.is_empty() && self.flush().await.is_err() {
                 return Close::Lost;
@@ -560,8 +614,12 @@ where
             return;
         }
         let f = self.inflight.remove(&id.get()).expect("invariant: checked above");
+        let mut s = self.session.lock().await;
+        if qos == QoS::ExactlyOnce {
+            s.outbound_qos2.remove(&id.get());
+            s.dirty = true;
+        }
         if !f.settles.is_empty() {
-            let mut s = self.session.lock().await;
             s.subs.settle(&f.settles);
             s.dirty = true;
         }
@@ -694,7 +752,7 @@ where
             if m.remaining_expiry(now) == Some(0) {
                 continue;
             }
-            self.send_message(&m, qos, true, false, sub_id.into_iter().collect(), Vec::new(), now);
+            self.send_message(&m, qos, true, false, sub_id.into_iter().collect(), Vec::new(), None, now);
         }
         if !self.want_pull {
             return Ok(());
@@ -721,7 +779,7 @@ where
         self.want_pull = batch.len() == room;
         for o in batch {
             let qos = QoS::from_u8(o.qos).unwrap_or_default();
-            self.send_message(&o.message, qos, o.retain, o.dup, o.subscription_ids, o.settles, now);
+            self.send_message(&o.message, qos, o.retain, o.dup, o.subscription_ids, o.settles, Some(o.entry), now);
         }
         Ok(())
     }
@@ -735,6 +793,7 @@ where
         dup: bool,
         subscription_ids: Vec<u32>,
         settles: Vec<(String, Offset)>,
+        entry: Option<silt_storage::IndexEntry>,
         now: Timestamp,
     ) {
         if self.broker.auth.has_acl()
@@ -748,16 +807,7 @@ where
         p.retain = retain;
         p.dup = dup;
         if self.version.is_v5() {
-            p.properties = PublishProperties {
-                payload_format_indicator: m.utf8_payload.then_some(true),
-                message_expiry_interval: m.remaining_expiry(now),
-                topic_alias: None,
-                response_topic: m.response_topic.clone(),
-                correlation_data: m.correlation_data.clone(),
-                user_properties: m.user_properties.clone(),
-                subscription_identifiers: subscription_ids,
-                content_type: m.content_type.clone(),
-            };
+            p.properties = publish_properties(m, subscription_ids.clone(), now);
             self.apply_topic_alias(&mut p);
         }
         let packet_id = if qos != QoS::AtMostOnce { Some(self.allocate_packet_id()) } else { None };
@@ -771,6 +821,18 @@ where
             return;
         }
         if let Some(id) = packet_id {
+            if qos == QoS::ExactlyOnce
+                && let Some(entry) = entry
+            {
+                self.qos2_unpersisted.push(OutboundQos2 {
+                    packet_id: id.get(),
+                    position: entry.position.get(),
+                    size: entry.size,
+                    timestamp: entry.timestamp.get(),
+                    settles: settles.iter().map(|(f, o)| (f.clone(), o.get())).collect(),
+                    subscription_ids,
+                });
+            }
             self.inflight.insert(id.get(), Inflight { qos, released: false, settles });
         }
         self.queue(&packet);
@@ -851,6 +913,20 @@ where
             self.broker.schedule_will(&self.client_id, will, Duration::from_secs(u64::from(delay)));
         }
         tracing::debug!(client_id = %self.client_id, peer = %self.peer, "client disconnected");
+    }
+}
+
+/// MQTT 5 properties of an outgoing PUBLISH.
+fn publish_properties(m: &Message, subscription_ids: Vec<u32>, now: Timestamp) -> PublishProperties {
+    PublishProperties {
+        payload_format_indicator: m.utf8_payload.then_some(true),
+        message_expiry_interval: m.remaining_expiry(now),
+        topic_alias: None,
+        response_topic: m.response_topic.clone(),
+        correlation_data: m.correlation_data.clone(),
+        user_properties: m.user_properties.clone(),
+        subscription_identifiers: subscription_ids,
+        content_type: m.content_type.clone(),
     }
 }
 

@@ -62,6 +62,35 @@ pub struct SessionSnapshot {
     /// When the client disconnected (ms since epoch), while it is offline.
     #[serde(default)]
     pub disconnected_at: Option<i64>,
+    /// Outbound QoS 2 messages sent with a packet id and not yet completed (PUBCOMP).
+    #[serde(default)]
+    pub outbound_qos2: Vec<OutboundQos2>,
+}
+
+/// An outbound QoS 2 delivery, persisted before its PUBLISH is sent so that after a restart
+/// (kill -9 included) it is resent with the same packet id, never as a new message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundQos2 {
+    pub packet_id: u16,
+    /// The record (log position, size, timestamp).
+    pub position: u64,
+    pub size: u32,
+    pub timestamp: i64,
+    /// (filter, offset) pairs it settles.
+    pub settles: Vec<(String, u64)>,
+    /// Subscription identifiers it was sent with.
+    #[serde(default)]
+    pub subscription_ids: Vec<u32>,
+}
+
+impl OutboundQos2 {
+    pub fn entry(&self) -> IndexEntry {
+        IndexEntry { position: LogPosition(self.position), size: self.size, timestamp: Timestamp(self.timestamp) }
+    }
+
+    pub fn settles(&self) -> Vec<(String, Offset)> {
+        self.settles.iter().map(|(f, o)| (f.clone(), Offset(*o))).collect()
+    }
 }
 
 impl SessionSnapshot {
@@ -182,6 +211,7 @@ impl Subscription {
 pub struct Outgoing {
     pub message: Message,
     pub position: LogPosition,
+    pub entry: IndexEntry,
     pub qos: u8,
     pub retain: bool,
     pub dup: bool,
@@ -231,6 +261,9 @@ impl Subscriptions {
             let mut ids = Vec::new();
             let mut settles = Vec::new();
             for (s, o, _) in matched.iter_mut() {
+                if s.pending.contains(o) {
+                    continue; // held by a restored in-flight delivery
+                }
                 let own = s.state.no_local && message.publisher.as_deref() == Some(client_id);
                 if expired || own {
                     s.recompute_cursor();
@@ -247,7 +280,7 @@ impl Subscriptions {
             }
             let qos = qos.min(message.qos);
             for (s, o, _) in matched {
-                if !settles.iter().any(|(f, _)| *f == s.state.filter) {
+                if !settles.iter().any(|(f, off)| *f == s.state.filter && *off == o) {
                     continue;
                 }
                 s.state.sent = s.state.sent.max(o.get() + 1);
@@ -259,6 +292,7 @@ impl Subscriptions {
             out.push(Outgoing {
                 message,
                 position: head,
+                entry,
                 qos,
                 retain,
                 dup: dup && qos > 0,
@@ -274,6 +308,17 @@ impl Subscriptions {
         for (filter, off) in settles {
             if let Some(s) = self.subs.get_mut(filter) {
                 s.pending.remove(off);
+                s.recompute_cursor();
+            }
+        }
+    }
+
+    /// Marks offsets as in flight (restored QoS 2 deliveries), so pulls skip them and cursors
+    /// wait for them.
+    pub fn hold(&mut self, settles: &[(String, Offset)]) {
+        for (filter, off) in settles {
+            if let Some(s) = self.subs.get_mut(filter) {
+                s.pending.insert(*off);
                 s.recompute_cursor();
             }
         }

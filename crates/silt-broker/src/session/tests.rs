@@ -126,6 +126,14 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
         }],
         inbound_qos2: vec![3],
         disconnected_at: Some(1),
+        outbound_qos2: vec![OutboundQos2 {
+            packet_id: 9,
+            position: 100,
+            size: 50,
+            timestamp: 7,
+            settles: vec![("a/+".into(), 41)],
+            subscription_ids: vec![7],
+        }],
     };
     s.append_blocking(&[snap.to_record(Timestamp::now())]).unwrap();
     let mut c2 = snap.clone();

@@ -1,0 +1,145 @@
+//! QoS 2 exactly-once across a broker crash: an outbound QoS 2 message the client has not
+//! completed is resent after kill -9 with its original packet id and DUP, and only once.
+//! The client side is driven packet by packet with the workspace's MQTT codec.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use common::Silt;
+use silt_mqtt::{
+    Connect, ConnectProperties, Packet, PacketId, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
+    SubscribeProperties, Subscription, SubscriptionOptions,
+};
+
+const V: ProtocolVersion = ProtocolVersion::V5;
+
+struct Raw {
+    s: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    fn connect(port: u16, id: &str, clean: bool) -> (Raw, bool) {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut raw = Raw { s, buf: BytesMut::new() };
+        let mut c = Connect::new(V, id, 60);
+        c.clean_start = clean;
+        c.properties = ConnectProperties { session_expiry_interval: Some(3600), ..ConnectProperties::default() };
+        raw.send(Packet::Connect(Box::new(c)));
+        match raw.recv() {
+            Some(Packet::ConnAck(a)) => {
+                assert!(!a.reason_code.is_error());
+                (raw, a.session_present)
+            }
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    fn send(&mut self, p: Packet) {
+        let mut out = BytesMut::new();
+        p.encode(V, &mut out).unwrap();
+        self.s.write_all(&out).unwrap();
+    }
+
+    /// The next packet, or None on timeout/close.
+    fn recv(&mut self) -> Option<Packet> {
+        loop {
+            if let Some(p) = silt_mqtt::decode(&mut self.buf, V, 1 << 20).unwrap() {
+                return Some(p);
+            }
+            let mut chunk = [0u8; 4096];
+            match self.s.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    fn recv_publish(&mut self) -> Publish {
+        loop {
+            match self.recv() {
+                Some(Packet::Publish(p)) => return p,
+                Some(_) => {}
+                None => panic!("no PUBLISH arrived"),
+            }
+        }
+    }
+}
+
+fn pid(n: u16) -> PacketId {
+    PacketId::new(n).unwrap()
+}
+
+#[test]
+fn incomplete_qos2_delivery_is_resent_with_its_packet_id_after_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let (mut sub, _) = Raw::connect(silt.port, "q2-receiver", true);
+    sub.send(Packet::Subscribe(Subscribe {
+        packet_id: pid(1),
+        subscriptions: vec![Subscription {
+            filter: "q2/+".into(),
+            options: SubscriptionOptions { qos: QoS::ExactlyOnce, ..SubscriptionOptions::default() },
+        }],
+        properties: SubscribeProperties::default(),
+    }));
+    assert!(matches!(sub.recv(), Some(Packet::SubAck(_))));
+
+    let (mut publisher, _) = Raw::connect(silt.port, "q2-sender", true);
+    let mut publish = |n: u16, payload: &'static [u8]| {
+        let mut p = Publish::new("q2/a", payload);
+        p.qos = QoS::ExactlyOnce;
+        p.packet_id = Some(pid(n));
+        publisher.send(Packet::Publish(p));
+        assert!(matches!(publisher.recv(), Some(Packet::PubRec(_))));
+        publisher.send(Packet::PubRel(PubResponse::new(pid(n))));
+        assert!(matches!(publisher.recv(), Some(Packet::PubComp(_))));
+    };
+    // Two messages completed normally, so the in-flight one does not carry packet id 1 (which
+    // a fresh connection would pick by chance).
+    for (n, payload) in [(5, &b"warm-up 1"[..]), (6, &b"warm-up 2"[..])] {
+        publish(n, payload);
+        let p = sub.recv_publish();
+        let id = p.packet_id.unwrap();
+        sub.send(Packet::PubRec(PubResponse::new(id)));
+        assert!(matches!(sub.recv(), Some(Packet::PubRel(_))));
+        sub.send(Packet::PubComp(PubResponse::new(id)));
+    }
+    publish(7, b"exactly once");
+
+    // The receiver gets the PUBLISH and does not answer: the delivery is in flight.
+    let first = sub.recv_publish();
+    assert_eq!((first.qos, first.dup, &first.payload[..]), (QoS::ExactlyOnce, false, &b"exactly once"[..]));
+    let id = first.packet_id.unwrap();
+    assert_ne!(id, pid(1));
+    silt.kill();
+    drop(sub);
+
+    let silt = Silt::start(dir.path());
+    let (mut sub, present) = Raw::connect(silt.port, "q2-receiver", false);
+    assert!(present);
+    let again = sub.recv_publish();
+    assert_eq!(again.packet_id, Some(id), "resent with the original packet id");
+    assert!(again.dup, "and marked as a duplicate");
+    assert_eq!(&again.payload[..], b"exactly once");
+    sub.send(Packet::PubRec(PubResponse::new(id)));
+    assert!(matches!(sub.recv(), Some(Packet::PubRel(r)) if r.packet_id == id));
+    sub.send(Packet::PubComp(PubResponse::new(id)));
+
+    // Completed: it never comes back, not on this connection and not after a clean restart.
+    sub.s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+    assert!(sub.recv().is_none(), "nothing more to deliver");
+    drop(sub);
+    silt.stop();
+    let silt = Silt::start(dir.path());
+    let (mut sub, present) = Raw::connect(silt.port, "q2-receiver", false);
+    assert!(present);
+    sub.s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+    assert!(sub.recv().is_none(), "a completed QoS 2 message is never redelivered");
+    silt.stop();
+}
