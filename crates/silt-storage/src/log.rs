@@ -2,7 +2,7 @@
 //!
 //! Appenders encode and checksum their batch on their own thread, then hand it to the single
 //! writer thread. The writer takes every batch waiting (up to `max_write_bytes`), writes them
-//! with one positioned write and — under `fsync = "always"` — one fsync, then acknowledges them
+//! with one positioned vectored write (no copy into a joint buffer) and — under `fsync = "always"` — one fsync, then acknowledges them
 //! all: group commit. Under `interval` the writer acknowledges after the write and fsyncs on a
 //! timer; under `never` only at seal and shutdown.
 //!
@@ -323,15 +323,18 @@ impl Writer {
                 self.roll()?;
             }
             let base = self.active.end();
-            let mut buf = Vec::with_capacity(bytes);
+            let mut frames = Vec::with_capacity(appends.len());
             let mut acks = Vec::with_capacity(appends.len());
+            let mut written = 0u64;
             for p in appends {
-                let at = base.add(buf.len() as u64);
-                buf.extend_from_slice(&p.batch.frame);
+                let at = base.add(written);
+                let frame = Bytes::from(p.batch.frame);
+                written += frame.len() as u64;
                 let positions = p.batch.records.iter().map(|(off, _)| at.add(u64::from(*off))).collect();
-                acks.push((p.done, Appended { positions, end: base.add(buf.len() as u64) }));
+                acks.push((p.done, Appended { positions, end: base.add(written) }));
+                frames.push(frame);
             }
-            if let Err(e) = self.active.append(&buf) {
+            if let Err(e) = self.active.append_frames(&frames) {
                 for (tx, _) in acks {
                     let _ = tx.send(Err(Error::Closed));
                 }
@@ -343,8 +346,16 @@ impl Writer {
                 // `Closed`, never a false success.
                 self.sync()?;
             }
-            let end = base.add(buf.len() as u64);
-            self.shared.tail.lock().expect("invariant: lock not poisoned").insert(base, Bytes::from(buf));
+            let end = base.add(written);
+            {
+                let mut tail = self.shared.tail.lock().expect("invariant: lock not poisoned");
+                let mut at = base;
+                for f in frames {
+                    let len = f.len() as u64;
+                    tail.insert(at, f);
+                    at = at.add(len);
+                }
+            }
             *self.shared.end.lock().expect("invariant: lock not poisoned") = end;
             self.shared.end_moved.notify_all();
             for (tx, appended) in acks {

@@ -1,7 +1,8 @@
-//! The tail cache: the most recent writes of the log, kept in memory as the very buffers the
-//! writer wrote, so live readers (dispatch, subscribers that keep up) never touch the disk.
+//! The tail cache: the most recent batches of the log, kept in memory as the very buffers the
+//! appenders encoded and the writer wrote, so live readers (dispatch, subscribers that keep
+//! up) never touch the disk.
 //!
-//! Each entry is one group-commit write; batches never straddle entries. Bounded by bytes:
+//! Each entry is one batch frame, so a batch never straddles entries. Bounded by bytes:
 //! the oldest writes are dropped first (readers then go to the segment files).
 
 use std::collections::BTreeMap;
