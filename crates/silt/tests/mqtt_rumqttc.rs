@@ -218,3 +218,101 @@ fn malformed_and_oversized_packets_get_reason_codes_and_others_are_unaffected() 
     assert_eq!(pong, [0xD0, 0]);
     silt.stop();
 }
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024.0
+}
+
+#[test]
+fn a_subscriber_that_stops_reading_does_not_grow_broker_memory() {
+    const MESSAGES: usize = 20_000;
+    const PAYLOAD: usize = 10_000; // 200 MB published past a stalled subscriber
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("silt.toml");
+    // A small tail cache, so what the test sees is delivery state, not the cache doing its job.
+    std::fs::write(&cfg, "[storage]\ntail_cache_bytes = 8388608\nfsync = \"interval\"\n").unwrap();
+    let silt = Silt::start_with(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let port = silt.port;
+    let pid = silt.child.id();
+
+    // The stalled subscriber: subscribes at QoS 0 and then never reads its socket.
+    let mut stalled = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stalled.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stalled
+        .write_all(&[0x10, 17, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 0, 0, 5, b's', b't', b'a', b'l', b'l'])
+        .unwrap();
+    let mut connack = [0u8; 4];
+    stalled.read_exact(&mut connack).unwrap();
+    // SUBSCRIBE id 1, "stall/#" QoS 0.
+    stalled.write_all(&[0x82, 12, 0, 1, 0, 7, b's', b't', b'a', b'l', b'l', b'/', b'#', 0]).unwrap();
+    let mut suback = [0u8; 5];
+    stalled.read_exact(&mut suback).unwrap();
+    assert_eq!(suback[0], 0x90);
+
+    let before = rss_mib(pid);
+    let rt = runtime();
+    rt.block_on(async {
+        let (c, mut ev) = AsyncClient::new(options("stall-publisher", port, true), 1000);
+        tokio::spawn(async move {
+            for _ in 0..MESSAGES {
+                c.publish("stall/t", QoS::AtLeastOnce, false, vec![1u8; PAYLOAD]).await.unwrap();
+            }
+        });
+        let mut acked = 0;
+        until(&mut ev, 300, |e| {
+            acked += usize::from(matches!(e, Event::Incoming(Packet::PubAck(_))));
+            acked == MESSAGES
+        })
+        .await;
+    });
+    let grown = rss_mib(pid) - before;
+    eprintln!("broker RSS grew {grown:.1} MiB while 200 MB went past a stalled subscriber");
+    assert!(grown < 100.0, "broker memory grew {grown:.1} MiB: the stalled subscriber's backlog is being buffered");
+
+    // The publisher was never slowed into failure, and the broker still serves others.
+    let mut probe = raw_v5_client(port, b'9');
+    probe.write_all(&[0xC0, 0]).unwrap();
+    let mut pong = [0u8; 2];
+    probe.read_exact(&mut pong).unwrap();
+    assert_eq!(pong, [0xD0, 0]);
+    drop(stalled);
+    silt.stop();
+}
+
+#[test]
+fn a_wildcard_session_over_100k_topics_gets_every_message() {
+    const TOPICS: u64 = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let silt = Silt::start(dir.path());
+    let port = silt.port;
+    rt.block_on(subscribe_persistent(port, "fleet", "devices/+/telemetry"));
+    let before = rss_mib(silt.child.id());
+    rt.block_on(async {
+        let (c, mut ev) = AsyncClient::new(options("fleet-publisher", port, true), 1000);
+        tokio::spawn(async move {
+            for i in 0..TOPICS {
+                c.publish(format!("devices/{i}/telemetry"), QoS::AtLeastOnce, false, i.to_be_bytes().to_vec())
+                    .await
+                    .unwrap();
+            }
+        });
+        let mut acked = 0;
+        until(&mut ev, 600, |e| {
+            acked += u64::from(matches!(e, Event::Incoming(Packet::PubAck(_))));
+            acked == TOPICS
+        })
+        .await;
+    });
+    let after = rss_mib(silt.child.id());
+    eprintln!("100k topics: broker RSS {before:.1} MiB before, {after:.1} MiB after");
+    let got = rt.block_on(receive_seq(port, "fleet", 300, |g| g.len() as u64 == TOPICS));
+    assert_eq!(got, (0..TOPICS).collect::<Vec<_>>());
+    silt.stop();
+}
