@@ -5,6 +5,7 @@
 //!   run as the reference for `append/*`.
 //! - `append/{fsync}/{size}B/{appenders}`: records/s through `Storage::append`, one record per
 //!   call, from N threads (group commit shares writes and fsyncs among them).
+//! - `append_batched/{fsync}/1000x1024B/{appenders}`: bytes/s with producer-sized batches.
 //! - `dispatch/{1_queue,1m_queues}`: index entries/s when the dispatcher rebuilds the index
 //!   from an existing log; also prints the disk and memory the index of 1,000,000 queues takes.
 //! - `read/{tail,disk}`: records/s read back through a topic queue.
@@ -111,6 +112,44 @@ fn append(c: &mut Criterion) {
                 });
                 storage.close().unwrap();
             }
+        }
+    }
+    g.finish();
+}
+
+/// Producer-style appends: 1,000 records of 1 KiB per call (a Kafka producer batch), which is
+/// what shows the write path against the disk's bandwidth rather than per-call overhead.
+fn append_batched(c: &mut Criterion) {
+    let mut g = c.benchmark_group("append_batched");
+    g.sample_size(10).measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(1));
+    for fsync in [FsyncPolicy::Always, FsyncPolicy::Interval, FsyncPolicy::Never] {
+        for appenders in [1usize, 8] {
+            let dir = tempfile::tempdir_in(".").unwrap();
+            let storage = Arc::new(Storage::open(dir.path(), config(fsync)).unwrap());
+            let batch: Vec<Record> = (0..1000).map(|i| record(&format!("bench/{}", i % 10), 1024)).collect();
+            let per_thread = 16usize;
+            let bytes = (per_thread * appenders * batch.len() * 1024) as u64;
+            g.throughput(Throughput::Bytes(bytes));
+            let id = BenchmarkId::new(format!("{fsync:?}/1000x1024B").to_lowercase(), appenders);
+            g.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        std::thread::scope(|s| {
+                            for _ in 0..appenders {
+                                let (storage, batch) = (storage.clone(), &batch);
+                                s.spawn(move || {
+                                    for _ in 0..per_thread {
+                                        storage.append_blocking(batch).unwrap();
+                                    }
+                                });
+                            }
+                        });
+                    }
+                    start.elapsed()
+                })
+            });
+            storage.close().unwrap();
         }
     }
     g.finish();
@@ -223,5 +262,5 @@ fn read(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, raw_disk, append, dispatch, read);
+criterion_group!(benches, raw_disk, append, append_batched, dispatch, read);
 criterion_main!(benches);
