@@ -150,3 +150,54 @@ def test_v311_persistent_session_resumes_with_session_present(silt):
     assert [c.get().payload for _ in range(10)] == [str(i).encode() for i in range(10)]
     c.close()
     pub.close()
+
+
+def drain(client, wait=1.0):
+    out = []
+    while True:
+        try:
+            out.append(client.get(timeout=wait))
+        except Exception:
+            return out
+
+
+def test_shared_subscription_gives_each_message_to_one_member(silt):
+    a = Client(silt, "share-a")
+    b = Client(silt, "share-b")
+    plain = Client(silt, "share-plain")
+    for c in (a, b):
+        c.c.subscribe("$share/workers/jobs/#", qos=1)
+        assert c.subacks.get(timeout=5)[0].value == 1
+    plain.c.subscribe("jobs/#", qos=1)
+    plain.subacks.get(timeout=5)
+    pub = Client(silt, "share-pub")
+    for i in range(40):
+        pub.c.publish(f"jobs/{i}", str(i).encode(), qos=1).wait_for_publish(5)
+    got_a = [m.payload for m in drain(a)]
+    got_b = [m.payload for m in drain(b)]
+    assert sorted(got_a + got_b, key=int) == [str(i).encode() for i in range(40)], "each message to exactly one member"
+    assert [m.payload for m in drain(plain)] == [str(i).encode() for i in range(40)], "plain subscribers are unaffected"
+    for x in (a, b, plain, pub):
+        x.close()
+
+
+def test_shared_group_keeps_its_backlog_while_all_members_are_offline(silt):
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    m = Client(silt, "share-offline", clean=False, properties=props)
+    m.c.subscribe("$share/g/backlog/+", qos=1)
+    m.subacks.get(timeout=5)
+    m.close()
+    pub = Client(silt, "share-offline-pub")
+    for i in range(10):
+        pub.c.publish(f"backlog/{i}", str(i).encode(), qos=1).wait_for_publish(5)
+    silt.stop()
+    from conftest import Silt
+    again = Silt(silt.data_dir)
+    try:
+        m = Client(again, "share-offline", clean=False, properties=props)
+        assert m.flags.session_present
+        assert [x.payload for x in drain(m)] == [str(i).encode() for i in range(10)]
+        m.close()
+    finally:
+        again.kill()

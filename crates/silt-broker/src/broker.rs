@@ -16,7 +16,9 @@ use tokio::sync::Notify;
 use crate::config::MqttConfig;
 use crate::message::Message;
 use crate::retained::RetainedStore;
-use crate::session::{SessionSnapshot, Subscription, SubscriptionState, Subscriptions, queue_for};
+use crate::session::{
+    SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions, parse_shared, queue_for,
+};
 
 /// Identifies one network connection.
 pub type ConnId = u64;
@@ -81,6 +83,32 @@ pub struct Session {
     pub dirty: bool,
     /// Outbound QoS 2 deliveries not yet completed, by packet id.
     pub outbound_qos2: std::collections::BTreeMap<u16, crate::session::OutboundQos2>,
+    /// Shared-subscription memberships by `$share/{group}/{filter}`.
+    pub shared: std::collections::BTreeMap<String, SharedMembership>,
+}
+
+/// A shared-subscription group: one cursor over the filter's queue for all its members, so
+/// each message goes to one member; with every member offline the cursor keeps the backlog.
+#[derive(Debug)]
+pub struct SharedGroup {
+    pub key: String,
+    pub subs: Subscriptions,
+    /// Sessions (online or offline) that are members.
+    pub members: usize,
+    pub dirty: bool,
+}
+
+pub type GroupRef = Arc<tokio::sync::Mutex<SharedGroup>>;
+
+impl SharedGroup {
+    fn snapshot(&self) -> SessionSnapshot {
+        SessionSnapshot {
+            client_id: self.key.clone(),
+            expiry_secs: u32::MAX,
+            subscriptions: self.subs.states(),
+            ..SessionSnapshot::default()
+        }
+    }
 }
 
 impl Session {
@@ -93,6 +121,7 @@ impl Session {
             disconnected_at: None,
             dirty: false,
             outbound_qos2: std::collections::BTreeMap::new(),
+            shared: std::collections::BTreeMap::new(),
         }
     }
 
@@ -108,6 +137,7 @@ impl Session {
             inbound_qos2: self.inbound_qos2.iter().copied().collect(),
             disconnected_at: self.disconnected_at.map(Timestamp::get),
             outbound_qos2: self.outbound_qos2.values().cloned().collect(),
+            shared: self.shared.values().cloned().collect(),
         }
     }
 
@@ -131,6 +161,8 @@ struct State {
     filter_refs: HashMap<String, usize>,
     /// Delayed wills waiting to be published, by client id.
     wills: HashMap<String, Arc<Notify>>,
+    /// Shared-subscription groups by `$share/{group}/{filter}`.
+    groups: HashMap<String, GroupRef>,
 }
 
 /// Broker-wide counters for `$SYS/` and the stats page.
@@ -178,8 +210,31 @@ impl Broker {
         let snapshots = SessionSnapshot::load_all(&storage)?;
         let mut state = State::default();
         let now = Timestamp::now();
+        let (group_snaps, snapshots): (Vec<_>, Vec<_>) =
+            snapshots.into_iter().partition(|(id, _)| id.starts_with("$share/"));
+        for (key, snap) in group_snaps {
+            let mut subs = Subscriptions::default();
+            for st in snap.subscriptions {
+                let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
+                subs.subs.insert(st.filter.clone(), Subscription::new(st, queue_for(&f)));
+            }
+            if let Some((_, f)) = parse_shared(&key) {
+                *state.filter_refs.entry(f.as_str().to_owned()).or_default() += 1;
+            }
+            let group = SharedGroup { key: key.clone(), subs, members: 0, dirty: false };
+            state.groups.insert(key, Arc::new(tokio::sync::Mutex::new(group)));
+        }
         for (id, snap) in snapshots {
             let mut s = Session::new(&id, snap.expiry_secs);
+            for m in snap.shared {
+                match state.groups.get(&m.key) {
+                    Some(g) => {
+                        g.try_lock().expect("invariant: no other user at start-up").members += 1;
+                        s.shared.insert(m.key.clone(), m);
+                    }
+                    None => tracing::warn!(key = %m.key, "membership of an unknown shared group dropped"),
+                }
+            }
             s.inbound_qos2 = snap.inbound_qos2.into_iter().collect();
             s.outbound_qos2 = snap.outbound_qos2.into_iter().map(|o| (o.packet_id, o)).collect();
             // A session that was connected when the broker stopped is offline from now on.
@@ -191,7 +246,13 @@ impl Broker {
             }
             state.sessions.insert(id, Arc::new(tokio::sync::Mutex::new(s)));
         }
-        tracing::info!(sessions = state.sessions.len(), retained = retained.len(), "broker state recovered");
+        state.groups.retain(|_, g| g.try_lock().map_or(true, |g| g.members > 0));
+        tracing::info!(
+            sessions = state.sessions.len(),
+            groups = state.groups.len(),
+            retained = retained.len(),
+            "broker state recovered"
+        );
         Ok(Arc::new(Broker {
             storage,
             config: Arc::new(config),
@@ -254,7 +315,113 @@ impl Broker {
                 self.router.add(conn, notify, &f);
             }
         }
+        for key in session.shared.keys() {
+            if let Some((_, f)) = parse_shared(key) {
+                self.router.add(conn, notify, &f);
+            }
+        }
         notify.notify_one();
+    }
+
+    /// The group of a shared subscription, if it exists.
+    pub fn group(&self, key: &str) -> Option<GroupRef> {
+        self.state().groups.get(key).cloned()
+    }
+
+    /// Joins `session` to the shared group `key` (creating the group at the end of its queue).
+    pub async fn subscribe_shared(
+        &self,
+        conn: ConnId,
+        notify: &Arc<Notify>,
+        session: &mut Session,
+        key: &str,
+        membership: SharedMembership,
+    ) -> silt_storage::Result<()> {
+        let Some((_, filter)) = parse_shared(key) else {
+            return Err(silt_storage::Error::Invalid(format!("not a shared subscription: {key}")));
+        };
+        let existing = self.group(key);
+        let group = match existing {
+            Some(g) => g,
+            None => {
+                let id = if filter.has_wildcard() {
+                    Some(self.storage.register_filter(&filter).await?)
+                } else {
+                    self.storage.queue_id(&queue_for(&filter))?
+                };
+                let end = match id {
+                    Some(id) => self.storage.queue_bounds(id)?.1,
+                    None => Offset(0),
+                };
+                let state = SubscriptionState {
+                    filter: filter.as_str().to_owned(),
+                    qos: 2,
+                    no_local: false,
+                    retain_as_published: false,
+                    subscription_id: None,
+                    cursor: end.get(),
+                    sent: end.get(),
+                };
+                let mut subs = Subscriptions::default();
+                subs.subs.insert(filter.as_str().to_owned(), Subscription::new(state, queue_for(&filter)));
+                let g = Arc::new(tokio::sync::Mutex::new(SharedGroup {
+                    key: key.to_owned(),
+                    subs,
+                    members: 0,
+                    dirty: true,
+                }));
+                let mut st = self.state();
+                *st.filter_refs.entry(filter.as_str().to_owned()).or_default() += 1;
+                st.groups.entry(key.to_owned()).or_insert(g).clone()
+            }
+        };
+        if session.shared.insert(key.to_owned(), membership).is_none() {
+            group.lock().await.members += 1;
+        }
+        self.persist_group(&group).await?;
+        self.router.add(conn, notify, &filter);
+        session.dirty = true;
+        Ok(())
+    }
+
+    /// Leaves a shared group; the last member to leave ends the group.
+    pub async fn unsubscribe_shared(&self, conn: ConnId, session: &mut Session, key: &str) -> bool {
+        if session.shared.remove(key).is_none() {
+            return false;
+        }
+        if let Some((_, f)) = parse_shared(key) {
+            self.router.remove(conn, &f);
+        }
+        self.leave_group(key).await;
+        session.dirty = true;
+        true
+    }
+
+    async fn leave_group(&self, key: &str) {
+        let Some(group) = self.group(key) else { return };
+        let empty = {
+            let mut g = group.lock().await;
+            g.members = g.members.saturating_sub(1);
+            g.members == 0
+        };
+        if !empty {
+            return;
+        }
+        self.state().groups.remove(key);
+        let _ = self.storage.append(&[SessionSnapshot::tombstone(key, Timestamp::now())]).await;
+        if let Some((_, f)) = parse_shared(key) {
+            self.release_filter(&f).await;
+        }
+    }
+
+    /// Persists a group's cursor.
+    pub async fn persist_group(&self, group: &GroupRef) -> silt_storage::Result<()> {
+        let record = {
+            let mut g = group.lock().await;
+            g.dirty = false;
+            g.snapshot().to_record(Timestamp::now())
+        };
+        self.storage.append(&[record]).await.map(|_| ())
     }
 
     /// Adds or replaces a subscription. New subscriptions start at the end of their queue.
@@ -334,11 +501,15 @@ impl Broker {
 
     /// Drops every subscription of a session and forgets it (with a tombstone if persistent).
     async fn end_session(&self, session: &SessionRef) {
-        let (client_id, filters, persistent) = {
+        let (client_id, filters, persistent, shared) = {
             let mut g = session.lock().await;
             let filters: Vec<String> = std::mem::take(&mut g.subs.subs).into_keys().collect();
-            (g.client_id.clone(), filters, g.persistent())
+            let shared: Vec<String> = std::mem::take(&mut g.shared).into_keys().collect();
+            (g.client_id.clone(), filters, g.persistent(), shared)
         };
+        for key in shared {
+            self.leave_group(&key).await;
+        }
         {
             let mut st = self.state();
             if st.sessions.get(&client_id).is_some_and(|s| Arc::ptr_eq(s, session)) {
@@ -359,7 +530,9 @@ impl Broker {
     pub async fn disconnect(&self, conn: ConnId, session: &SessionRef) {
         let (client_id, filters) = {
             let g = session.lock().await;
-            (g.client_id.clone(), g.subs.subs.keys().cloned().collect::<Vec<_>>())
+            let mut filters: Vec<String> = g.subs.subs.keys().cloned().collect();
+            filters.extend(g.shared.keys().filter_map(|k| parse_shared(k).map(|(_, f)| f.as_str().to_owned())));
+            (g.client_id.clone(), filters)
         };
         self.router.drop_conn(conn, filters.into_iter().filter_map(|f| TopicFilter::new(f).ok()));
         let still_owner = {
@@ -425,6 +598,12 @@ impl Broker {
 
     /// Persists every session (at shutdown).
     pub async fn persist_all(&self) {
+        let groups: Vec<GroupRef> = self.state().groups.values().cloned().collect();
+        for g in groups {
+            if let Err(e) = self.persist_group(&g).await {
+                tracing::warn!(error = %e, "shared group snapshot at shutdown failed");
+            }
+        }
         let sessions: Vec<SessionRef> = self.state().sessions.values().cloned().collect();
         for s in sessions {
             if let Err(e) = self.persist(&s).await {

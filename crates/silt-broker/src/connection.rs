@@ -26,9 +26,9 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::auth::{Access, AuthError};
-use crate::broker::{Broker, ConnId, SessionRef};
+use crate::broker::{Broker, ConnId, GroupRef, SessionRef};
 use crate::message::Message;
-use crate::session::{OutboundQos2, SubscriptionState};
+use crate::session::{OutboundQos2, SharedMembership, SubscriptionState, parse_shared};
 
 /// How long a client has to send CONNECT.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,6 +50,8 @@ struct Inflight {
     /// PUBREC received and PUBREL sent (QoS 2).
     released: bool,
     settles: Vec<(String, Offset)>,
+    /// The shared group the message came from (its cursor settles it), if any.
+    group: Option<GroupRef>,
 }
 
 /// Why the main loop ended.
@@ -268,7 +270,7 @@ where
             p.retain_available = Some(true);
             p.wildcard_subscription_available = Some(true);
             p.subscription_identifiers_available = Some(true);
-            p.shared_subscription_available = Some(false);
+            p.shared_subscription_available = Some(true);
             if session_expiry != connect.properties.session_expiry_interval.unwrap_or(0) {
                 p.session_expiry_interval = Some(session_expiry);
             }
@@ -327,7 +329,7 @@ where
             let mut s = self.session.lock().await;
             let list: Vec<OutboundQos2> = s.outbound_qos2.values().cloned().collect();
             for o in &list {
-                s.subs.hold(&o.settles());
+                s.subs.hold(&o.settles(), o.entry());
             }
             list
         };
@@ -345,8 +347,10 @@ where
             if self.version.is_v5() {
                 p.properties = publish_properties(&m, o.subscription_ids.clone(), Timestamp::now());
             }
-            self.inflight
-                .insert(o.packet_id, Inflight { qos: QoS::ExactlyOnce, released: false, settles: o.settles() });
+            self.inflight.insert(
+                o.packet_id,
+                Inflight { qos: QoS::ExactlyOnce, released: false, settles: o.settles(), group: None },
+            );
             self.queue(&Packet::Publish(p));
         }
     }
@@ -410,9 +414,20 @@ where
                     return Close::Violation(ReasonCode::KeepAliveTimeout);
                 }
                 _ = commit.tick() => {
-                    let dirty = self.session.lock().await.dirty;
+                    let (dirty, keys) = {
+                        let s = self.session.lock().await;
+                        (s.dirty, s.shared.keys().cloned().collect::<Vec<_>>())
+                    };
                     if dirty && let Err(e) = self.broker.persist(&self.session).await {
                         tracing::warn!(client_id = %self.client_id, error = %e, "cursor commit failed");
+                    }
+                    for key in keys {
+                        if let Some(g) = self.broker.group(&key)
+                            && g.lock().await.dirty
+                            && let Err(e) = self.broker.persist_group(&g).await
+                        {
+                            tracing::warn!(client_id = %self.client_id, error = %e, "shared cursor commit failed");
+                        }
                     }
                 }
             }
@@ -614,6 +629,13 @@ where
             return;
         }
         let f = self.inflight.remove(&id.get()).expect("invariant: checked above");
+        if let Some(group) = &f.group {
+            let mut g = group.lock().await;
+            g.subs.settle(&f.settles);
+            g.dirty = true;
+            self.want_pull = true;
+            return;
+        }
         let mut s = self.session.lock().await;
         if qos == QoS::ExactlyOnce {
             s.outbound_qos2.remove(&id.get());
@@ -634,14 +656,18 @@ where
         let mut codes = Vec::with_capacity(s.subscriptions.len());
         let mut retained = Vec::new();
         {
-            let mut session = self.session.lock().await;
+            let session_ref = self.session.clone();
+            let mut session = session_ref.lock().await;
             for sub in &s.subscriptions {
+                if sub.filter.starts_with("$share/") {
+                    codes.push(
+                        self.subscribe_shared(&mut session, &sub.filter, sub.options.qos, sub_id, sub.options.no_local)
+                            .await,
+                    );
+                    continue;
+                }
                 let filter = match TopicFilter::new(sub.filter.clone()) {
-                    Ok(f) if !f.as_str().starts_with("$share/") => f,
-                    Ok(_) => {
-                        codes.push(ReasonCode::SharedSubscriptionsNotSupported);
-                        continue;
-                    }
+                    Ok(f) => f,
                     Err(_) => {
                         codes.push(if self.version.is_v5() {
                             ReasonCode::TopicFilterInvalid
@@ -711,11 +737,47 @@ where
         Ok(())
     }
 
+    /// One `$share/{group}/{filter}` entry of a SUBSCRIBE; returns its reason code.
+    async fn subscribe_shared(
+        &mut self,
+        session: &mut crate::broker::Session,
+        key: &str,
+        qos: QoS,
+        sub_id: Option<u32>,
+        no_local: bool,
+    ) -> ReasonCode {
+        let invalid = if self.version.is_v5() { ReasonCode::TopicFilterInvalid } else { ReasonCode::UnspecifiedError };
+        let Some((_, filter)) = parse_shared(key) else { return invalid };
+        if no_local && self.version.is_v5() {
+            return ReasonCode::ProtocolError; // [MQTT-3.8.3-4]: no-local on a shared subscription
+        }
+        if !self.broker.auth.allows_subscribe(self.username.as_deref(), &self.client_id, filter.as_str()) {
+            return if self.version.is_v5() { ReasonCode::NotAuthorized } else { ReasonCode::UnspecifiedError };
+        }
+        let membership = SharedMembership { key: key.to_owned(), qos: qos.as_u8(), subscription_id: sub_id };
+        match self.broker.subscribe_shared(self.conn_id, &self.wake, session, key, membership).await {
+            Ok(()) => match qos {
+                QoS::AtMostOnce => ReasonCode::Success,
+                QoS::AtLeastOnce => ReasonCode::GrantedQoS1,
+                QoS::ExactlyOnce => ReasonCode::GrantedQoS2,
+            },
+            Err(e) => {
+                tracing::warn!(client_id = %self.client_id, error = %e, "shared subscribe failed");
+                ReasonCode::UnspecifiedError
+            }
+        }
+    }
+
     async fn on_unsubscribe(&mut self, u: Unsubscribe) {
         let mut codes = Vec::with_capacity(u.filters.len());
         {
             let mut session = self.session.lock().await;
             for f in &u.filters {
+                if f.starts_with("$share/") {
+                    let gone = self.broker.unsubscribe_shared(self.conn_id, &mut session, f).await;
+                    codes.push(if gone { ReasonCode::Success } else { ReasonCode::NoSubscriptionExisted });
+                    continue;
+                }
                 let code = match TopicFilter::new(f.clone()) {
                     Ok(filter) => {
                         if self.broker.unsubscribe(self.conn_id, &mut session, &filter).await {
@@ -777,11 +839,82 @@ where
             }
         };
         self.want_pull = batch.len() == room;
+        let mut room = room - batch.len();
         for o in batch {
             let qos = QoS::from_u8(o.qos).unwrap_or_default();
             self.send_message(&o.message, qos, o.retain, o.dup, o.subscription_ids, o.settles, Some(o.entry), now);
         }
+        // Shared groups: whichever member pulls first gets the message.
+        let memberships: Vec<SharedMembership> = self.session.lock().await.shared.values().cloned().collect();
+        for m in memberships {
+            if room == 0 {
+                self.want_pull = true;
+                break;
+            }
+            let Some(group) = self.broker.group(&m.key) else { continue };
+            let batch = {
+                let mut g = group.lock().await;
+                match g.subs.pull(&self.broker.storage, "", now, room) {
+                    Ok(b) => {
+                        if !b.is_empty() {
+                            g.dirty = true;
+                        }
+                        b
+                    }
+                    Err(e) => {
+                        tracing::warn!(client_id = %self.client_id, error = %e, "shared delivery read failed");
+                        continue;
+                    }
+                }
+            };
+            if batch.len() == room {
+                self.want_pull = true;
+            }
+            room -= batch.len();
+            for o in batch {
+                let qos = QoS::from_u8(o.qos.min(m.qos)).unwrap_or_default();
+                let ids = m.subscription_id.into_iter().collect();
+                if qos == QoS::AtMostOnce {
+                    group.lock().await.subs.settle(&o.settles);
+                    self.send_message(&o.message, qos, false, false, ids, Vec::new(), None, now);
+                } else {
+                    self.send_shared(&o.message, qos, o.dup, ids, o.settles, &group, now);
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Sends a QoS 1/2 message from a shared group; its acknowledgement settles the group.
+    #[allow(clippy::too_many_arguments)]
+    fn send_shared(
+        &mut self,
+        m: &Message,
+        qos: QoS,
+        dup: bool,
+        ids: Vec<u32>,
+        settles: Vec<(String, Offset)>,
+        group: &GroupRef,
+        now: Timestamp,
+    ) {
+        let mut p = Publish::new(m.topic.clone(), m.payload.clone());
+        p.qos = qos;
+        p.dup = dup;
+        if self.version.is_v5() {
+            p.properties = publish_properties(m, ids, now);
+            self.apply_topic_alias(&mut p);
+        }
+        let id = self.allocate_packet_id();
+        p.packet_id = Some(id);
+        let packet = Packet::Publish(p);
+        if packet.encoded_len(self.version).is_ok_and(|n| n as u64 > u64::from(self.client_max_packet)) {
+            let group = group.clone();
+            tokio::spawn(async move { group.lock().await.subs.settle(&settles) });
+            return;
+        }
+        self.inflight.insert(id.get(), Inflight { qos, released: false, settles, group: Some(group.clone()) });
+        self.queue(&packet);
+        self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -833,7 +966,7 @@ where
                     subscription_ids,
                 });
             }
-            self.inflight.insert(id.get(), Inflight { qos, released: false, settles });
+            self.inflight.insert(id.get(), Inflight { qos, released: false, settles, group: None });
         }
         self.queue(&packet);
         self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
@@ -898,6 +1031,12 @@ where
         while let Some(p) = self.pending_in.pop_front() {
             let r = p.ack.await;
             let _ = self.acknowledge_publish(p.packet_id, p.qos, r).await;
+        }
+        // Shared-group messages this member never acknowledged go to another member.
+        for (_, f) in std::mem::take(&mut self.inflight) {
+            if let Some(group) = f.group {
+                group.lock().await.subs.release(&f.settles);
+            }
         }
         if let Some(code) = reason
             && self.version.is_v5()

@@ -16,7 +16,7 @@
 //! (key: client id; an empty value deletes), so they live in the commitlog with everything
 //! else and survive deletion of the index. The last snapshot per client id wins at start-up.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -65,6 +65,30 @@ pub struct SessionSnapshot {
     /// Outbound QoS 2 messages sent with a packet id and not yet completed (PUBCOMP).
     #[serde(default)]
     pub outbound_qos2: Vec<OutboundQos2>,
+    /// Shared subscriptions (`$share/{group}/{filter}`) this session is a member of.
+    #[serde(default)]
+    pub shared: Vec<SharedMembership>,
+}
+
+/// A session's membership in a shared-subscription group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedMembership {
+    /// The full `$share/{group}/{filter}` string.
+    pub key: String,
+    pub qos: u8,
+    #[serde(default)]
+    pub subscription_id: Option<u32>,
+}
+
+/// Splits `$share/{group}/{filter}` into group and filter; `None` if it is not a valid shared
+/// subscription (empty group, wildcard in the group name, invalid filter).
+pub fn parse_shared(s: &str) -> Option<(&str, TopicFilter)> {
+    let rest = s.strip_prefix("$share/")?;
+    let (group, filter) = rest.split_once('/')?;
+    if group.is_empty() || group.contains(['+', '#']) {
+        return None;
+    }
+    Some((group, TopicFilter::new(filter).ok()?))
 }
 
 /// An outbound QoS 2 delivery, persisted before its PUBLISH is sent so that after a restart
@@ -161,19 +185,20 @@ pub struct Subscription {
     /// Next offset to fetch from the index.
     read: Offset,
     buf: VecDeque<(Offset, IndexEntry)>,
-    /// Sent, not yet acknowledged.
-    pending: BTreeSet<Offset>,
+    /// Sent, not yet acknowledged (with the entry, to put it back if released).
+    pending: BTreeMap<Offset, IndexEntry>,
 }
 
 impl Subscription {
     pub fn new(state: SubscriptionState, queue: QueueName) -> Self {
         let read = Offset(state.cursor);
-        Self { state, queue, queue_id: None, read, buf: VecDeque::new(), pending: BTreeSet::new() }
+        Self { state, queue, queue_id: None, read, buf: VecDeque::new(), pending: BTreeMap::new() }
     }
 
     fn recompute_cursor(&mut self) {
         let next_undelivered = self.buf.front().map_or(self.read, |(o, _)| *o);
-        self.state.cursor = self.pending.first().copied().unwrap_or(next_undelivered).get();
+        let first_pending = self.pending.first_key_value().map(|(o, _)| *o);
+        self.state.cursor = first_pending.map_or(next_undelivered, |p| p.min(next_undelivered)).get();
     }
 
     fn fetch(&mut self, storage: &Storage, limit: LogPosition) -> silt_storage::Result<()> {
@@ -261,7 +286,7 @@ impl Subscriptions {
             let mut ids = Vec::new();
             let mut settles = Vec::new();
             for (s, o, _) in matched.iter_mut() {
-                if s.pending.contains(o) {
+                if s.pending.contains_key(o) {
                     continue; // held by a restored in-flight delivery
                 }
                 let own = s.state.no_local && message.publisher.as_deref() == Some(client_id);
@@ -279,13 +304,13 @@ impl Subscriptions {
                 continue;
             }
             let qos = qos.min(message.qos);
-            for (s, o, _) in matched {
+            for (s, o, e) in matched {
                 if !settles.iter().any(|(f, off)| *f == s.state.filter && *off == o) {
                     continue;
                 }
                 s.state.sent = s.state.sent.max(o.get() + 1);
                 if qos > 0 {
-                    s.pending.insert(o);
+                    s.pending.insert(o, e);
                 }
                 s.recompute_cursor();
             }
@@ -315,10 +340,24 @@ impl Subscriptions {
 
     /// Marks offsets as in flight (restored QoS 2 deliveries), so pulls skip them and cursors
     /// wait for them.
-    pub fn hold(&mut self, settles: &[(String, Offset)]) {
+    pub fn hold(&mut self, settles: &[(String, Offset)], entry: IndexEntry) {
         for (filter, off) in settles {
             if let Some(s) = self.subs.get_mut(filter) {
-                s.pending.insert(*off);
+                s.pending.insert(*off, entry);
+                s.recompute_cursor();
+            }
+        }
+    }
+
+    /// Gives sent-but-unacknowledged offsets back for delivery (a shared-subscription member
+    /// left with them in flight: another member gets them).
+    pub fn release(&mut self, settles: &[(String, Offset)]) {
+        for (filter, off) in settles {
+            if let Some(s) = self.subs.get_mut(filter)
+                && let Some(e) = s.pending.remove(off)
+            {
+                let at = s.buf.partition_point(|(o, _)| o < off);
+                s.buf.insert(at, (*off, e));
                 s.recompute_cursor();
             }
         }

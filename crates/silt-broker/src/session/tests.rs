@@ -134,6 +134,7 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
             settles: vec![("a/+".into(), 41)],
             subscription_ids: vec![7],
         }],
+        shared: vec![SharedMembership { key: "$share/g/a/#".into(), qos: 1, subscription_id: None }],
     };
     s.append_blocking(&[snap.to_record(Timestamp::now())]).unwrap();
     let mut c2 = snap.clone();
@@ -144,4 +145,29 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
     let all = SessionSnapshot::load_all(&s).unwrap();
     assert_eq!(all.len(), 1);
     assert_eq!(all["c1"], snap);
+}
+
+#[test]
+fn shared_subscription_strings_parse_per_spec() {
+    assert_eq!(parse_shared("$share/g/a/+").map(|(g, f)| (g, f.as_str().to_owned())), Some(("g", "a/+".into())));
+    assert!(parse_shared("$share//a").is_none());
+    assert!(parse_shared("$share/g+/a").is_none());
+    assert!(parse_shared("$share/g").is_none());
+    assert!(parse_shared("a/b").is_none());
+}
+
+#[test]
+fn released_deliveries_go_out_again_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let mut subs = Subscriptions::default();
+    sub(&s, &mut subs, "t", 1);
+    for i in 0..3 {
+        publish(&s, &msg("t", &format!("m{i}"), 1));
+    }
+    let out = subs.pull(&s, "me", Timestamp::now(), 2).unwrap();
+    subs.release(&out[0].settles);
+    subs.release(&out[1].settles);
+    let again = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    assert_eq!(payloads(&again), ["m0", "m1", "m2"]);
 }
