@@ -94,10 +94,10 @@ fn lines(sub: Sub) -> Vec<String> {
 }
 
 #[test]
-fn wildcard_subscribers_receive_what_mosquitto_pub_sends_in_both_versions() {
+fn wildcard_subscribers_receive_what_mosquitto_pub_sends_in_every_version() {
     let dir = tempfile::tempdir().unwrap();
     let silt = Silt::start(dir.path());
-    for version in ["mqttv311", "mqttv5"] {
+    for version in ["mqttv31", "mqttv311", "mqttv5"] {
         let sub = mosquitto_sub(silt.port, version, 3, &["-t", "factory/+/temp", "-t", "alarms/#", "-q", "1", "-v"]);
         mosquitto_pub(silt.port, version, &["-t", "factory/line1/temp", "-m", "21.5", "-q", "1"]);
         mosquitto_pub(silt.port, version, &["-t", "factory/line1/pressure", "-m", "nope", "-q", "1"]);

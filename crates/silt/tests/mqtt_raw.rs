@@ -1,6 +1,6 @@
-//! QoS 2 exactly-once across a broker crash: an outbound QoS 2 message the client has not
-//! completed is resent after kill -9 with its original packet id and DUP, and only once.
-//! The client side is driven packet by packet with the workspace's MQTT codec.
+//! Protocol details driven packet by packet with the workspace's MQTT codec as the client:
+//! QoS 2 exactly-once across kill -9 (an incomplete delivery is resent with its original
+//! packet id and DUP, and only once), Receive Maximum (0x93) and inbound topic aliases.
 
 mod common;
 
@@ -141,5 +141,66 @@ fn incomplete_qos2_delivery_is_resent_with_its_packet_id_after_kill_9() {
     assert!(present);
     sub.s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
     assert!(sub.recv().is_none(), "a completed QoS 2 message is never redelivered");
+    silt.stop();
+}
+
+#[test]
+fn exceeding_receive_maximum_is_disconnect_0x93() {
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let (mut c, _) = Raw::connect(silt.port, "greedy", true);
+    // QoS 2 publishes never released (no PUBREL) stay counted against our Receive Maximum
+    // (256 by default); the 257th is one too many.
+    for n in 1..=257u16 {
+        let mut p = Publish::new("rm/t", &b"x"[..]);
+        p.qos = QoS::ExactlyOnce;
+        p.packet_id = Some(pid(n));
+        c.send(Packet::Publish(p));
+        if n < 257 {
+            assert!(matches!(c.recv(), Some(Packet::PubRec(r)) if r.packet_id == pid(n)));
+        }
+    }
+    loop {
+        match c.recv() {
+            Some(Packet::Disconnect(d)) => {
+                assert_eq!(d.reason_code, silt_mqtt::ReasonCode::ReceiveMaximumExceeded);
+                break;
+            }
+            Some(_) => {}
+            None => panic!("closed without DISCONNECT 0x93"),
+        }
+    }
+    silt.stop();
+}
+
+#[test]
+fn inbound_topic_alias_is_resolved_and_unknown_alias_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let (mut sub, _) = Raw::connect(silt.port, "alias-sub", true);
+    sub.send(Packet::Subscribe(Subscribe {
+        packet_id: pid(1),
+        subscriptions: vec![Subscription { filter: "alias/#".into(), options: SubscriptionOptions::default() }],
+        properties: SubscribeProperties::default(),
+    }));
+    assert!(matches!(sub.recv(), Some(Packet::SubAck(_))));
+    let (mut publisher, _) = Raw::connect(silt.port, "alias-pub", true);
+    let mut p = Publish::new("alias/long/topic/name", &b"one"[..]);
+    p.properties.topic_alias = Some(3);
+    publisher.send(Packet::Publish(p));
+    let mut p = Publish::new("", &b"two"[..]); // topic by alias only
+    p.properties.topic_alias = Some(3);
+    publisher.send(Packet::Publish(p));
+    for want in [&b"one"[..], &b"two"[..]] {
+        let got = sub.recv_publish();
+        assert_eq!((got.topic.as_str(), &got.payload[..]), ("alias/long/topic/name", want));
+    }
+    let mut p = Publish::new("", &b"three"[..]);
+    p.properties.topic_alias = Some(4); // never set
+    publisher.send(Packet::Publish(p));
+    match publisher.recv() {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, silt_mqtt::ReasonCode::ProtocolError),
+        other => panic!("expected DISCONNECT, got {other:?}"),
+    }
     silt.stop();
 }
