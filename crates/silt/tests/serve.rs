@@ -31,7 +31,12 @@ fn wait_for(child: &mut Child, needle: &str) -> Vec<String> {
 
 fn stop_with(signal: i32) {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = silt().args(["serve", "--data-dir"]).arg(dir.path()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = silt()
+        .args(["serve", "--mqtt", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_for(&mut child, "silt is running");
     // SAFETY: plain kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
