@@ -201,3 +201,41 @@ def test_shared_group_keeps_its_backlog_while_all_members_are_offline(silt):
         m.close()
     finally:
         again.kill()
+
+
+def test_session_backlog_is_visible_under_sys(data_dir):
+    import os
+
+    from conftest import Silt
+
+    cfg = os.path.join(data_dir, "silt.toml")
+    with open(cfg, "w") as f:
+        f.write("[mqtt]\nsys_interval_secs = 1\n")
+    silt = Silt(os.path.join(data_dir, "data"), ["--config", cfg])
+    try:
+        c = Client(silt, "backlogged", protocol=mqtt.MQTTv311, clean=False)
+        c.c.subscribe("bk/#", qos=1)
+        c.subacks.get(timeout=5)
+        c.close()
+        pub = Client(silt, "bk-pub")
+        for i in range(7):
+            pub.c.publish(f"bk/{i}", b"x", qos=1).wait_for_publish(5)
+        watch = Client(silt, "bk-watch")
+        watch.c.subscribe("$SYS/broker/sessions/backlogged/backlog", qos=0)
+        seen = None
+        for _ in range(20):
+            seen = watch.get(timeout=5).payload
+            if seen == b"7":
+                break
+        assert seen == b"7", "the offline session's 7 waiting messages are reported"
+        c = Client(silt, "backlogged", protocol=mqtt.MQTTv311, clean=False)
+        assert len(drain(c)) == 7
+        for _ in range(20):
+            seen = watch.get(timeout=5).payload
+            if seen == b"0":
+                break
+        assert seen == b"0", "and the backlog drops to 0 once delivered"
+        for x in (c, pub, watch):
+            x.close()
+    finally:
+        silt.kill()

@@ -184,6 +184,8 @@ pub struct Broker {
     state: Mutex<State>,
     retained: RwLock<RetainedStore>,
     next_conn: AtomicU64,
+    /// Per-session backlogs last published under `$SYS/broker/sessions/`.
+    pub(crate) sys_backlogs: Mutex<HashMap<String, u64>>,
 }
 
 /// What [`Broker::connect`] decided.
@@ -262,6 +264,7 @@ impl Broker {
             state: Mutex::new(state),
             retained: RwLock::new(retained),
             next_conn: AtomicU64::new(1),
+            sys_backlogs: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -698,13 +701,14 @@ impl Broker {
         self.state().sessions.len()
     }
 
-    /// Total messages waiting across offline sessions (for `$SYS`).
-    pub async fn total_backlog(&self) -> u64 {
-        let sessions: Vec<SessionRef> = self.state().sessions.values().cloned().collect();
-        let mut total = 0;
-        for s in sessions {
-            total += s.lock().await.backlog(&self.storage);
+    /// Messages waiting per session (client id, backlog), for `$SYS` and stats.
+    pub async fn backlogs(&self) -> Vec<(String, u64)> {
+        let sessions: Vec<(String, SessionRef)> =
+            self.state().sessions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut out = Vec::with_capacity(sessions.len());
+        for (id, s) in sessions {
+            out.push((id, s.lock().await.backlog(&self.storage)));
         }
-        total
+        out
     }
 }

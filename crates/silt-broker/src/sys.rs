@@ -1,5 +1,9 @@
 //! `$SYS/broker/...` statistics, published as retained messages like mosquitto's, so a
 //! subscriber to `$SYS/#` sees the current figures at once.
+//!
+//! Each session's backlog (messages waiting between its cursors and the end of its queues) is
+//! published as `$SYS/broker/sessions/{client id}/backlog` when it changes, and cleared when
+//! the session ends; `/`, `+` and `#` in a client id are percent-encoded.
 
 use std::sync::atomic::Ordering;
 
@@ -12,11 +16,43 @@ use crate::message::Message;
 pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
     let s = &broker.stats;
     let storage = broker.storage.stats();
+    let backlogs = broker.backlogs().await;
+    let total: u64 = backlogs.iter().map(|(_, b)| b).sum();
+    let changes = {
+        let mut last = broker.sys_backlogs.lock().expect("invariant: lock not poisoned");
+        let mut changes: Vec<(String, Option<u64>)> = Vec::new();
+        let current: std::collections::HashMap<String, u64> = backlogs.into_iter().collect();
+        for (id, b) in &current {
+            if last.get(id) != Some(b) {
+                changes.push((id.clone(), Some(*b)));
+            }
+        }
+        for id in last.keys() {
+            if !current.contains_key(id) {
+                changes.push((id.clone(), None));
+            }
+        }
+        *last = current;
+        changes
+    };
+    for (id, backlog) in changes {
+        let m = Message {
+            topic: format!("$SYS/broker/sessions/{}/backlog", encode_level(&id)),
+            payload: backlog.map_or_else(Bytes::new, |b| Bytes::from(b.to_string())),
+            retain: true,
+            utf8_payload: true,
+            timestamp: Timestamp::now(),
+            ..Message::default()
+        };
+        if let Err(e) = broker.publish(&m).await {
+            tracing::debug!(error = %e, "$SYS publish failed");
+        }
+    }
     let figures: Vec<(&str, String)> = vec![
         ("version", format!("silt {}", env!("CARGO_PKG_VERSION"))),
         ("clients/connected", s.connections.load(Ordering::Relaxed).to_string()),
         ("sessions/total", broker.session_count().to_string()),
-        ("sessions/backlog", broker.total_backlog().await.to_string()),
+        ("sessions/backlog", total.to_string()),
         ("messages/received", s.messages_received.load(Ordering::Relaxed).to_string()),
         ("messages/sent", s.messages_sent.load(Ordering::Relaxed).to_string()),
         ("bytes/received", s.bytes_received.load(Ordering::Relaxed).to_string()),
@@ -38,4 +74,9 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
             tracing::debug!(error = %e, "$SYS publish failed");
         }
     }
+}
+
+/// A client id as one topic level.
+fn encode_level(id: &str) -> String {
+    id.replace('%', "%25").replace('/', "%2F").replace('+', "%2B").replace('#', "%23")
 }
