@@ -239,3 +239,74 @@ def test_session_backlog_is_visible_under_sys(data_dir):
             x.close()
     finally:
         silt.kill()
+
+
+def connect_props(**kw):
+    p = Properties(PacketTypes.CONNECT)
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def test_session_expiry_ends_an_offline_session(silt):
+    c = Client(silt, "short-lived", clean=False, properties=connect_props(SessionExpiryInterval=1))
+    c.c.subscribe("exp/#", qos=1)
+    c.subacks.get(timeout=5)
+    c.close()
+    time.sleep(3)  # expiry is 1 s; the broker sweeps every second
+    c = Client(silt, "short-lived", clean=False, properties=connect_props(SessionExpiryInterval=60))
+    assert not c.flags.session_present, "the session expired while the client was away"
+    c.close()
+    kept = Client(silt, "long-lived", clean=False, properties=connect_props(SessionExpiryInterval=60))
+    kept.close()
+    time.sleep(2)
+    kept = Client(silt, "long-lived", clean=False, properties=connect_props(SessionExpiryInterval=60))
+    assert kept.flags.session_present
+    kept.close()
+
+
+def test_expired_message_is_not_delivered_to_a_returning_session(silt):
+    c = Client(silt, "late", clean=False, properties=connect_props(SessionExpiryInterval=60))
+    c.c.subscribe("ttl/#", qos=1)
+    c.subacks.get(timeout=5)
+    c.close()
+    pub = Client(silt, "ttl-pub")
+    pub.c.publish("ttl/short", b"stale", qos=1, properties=publish_props(MessageExpiryInterval=1)).wait_for_publish(5)
+    pub.c.publish("ttl/long", b"fresh", qos=1, properties=publish_props(MessageExpiryInterval=300)).wait_for_publish(5)
+    time.sleep(2.5)
+    c = Client(silt, "late", clean=False, properties=connect_props(SessionExpiryInterval=60))
+    got = drain(c)
+    assert [m.payload for m in got] == [b"fresh"]
+    assert got[0].properties.MessageExpiryInterval < 300, "the remaining lifetime is sent, not the original"
+    c.close()
+    pub.close()
+
+
+def test_will_delay_is_cancelled_by_a_timely_reconnect(silt):
+    watcher = Client(silt, "wd-watch")
+    watcher.c.subscribe("wd/#", qos=1)
+    watcher.subacks.get(timeout=5)
+    will_props = Properties(PacketTypes.WILLMESSAGE)
+    will_props.WillDelayInterval = 2
+    will = {"topic": "wd/gone", "payload": b"gone", "qos": 1, "properties": will_props}
+    c = Client(silt, "wd", clean=False, properties=connect_props(SessionExpiryInterval=60), will=will)
+    c.drop()
+    time.sleep(0.5)
+    back = Client(silt, "wd", clean=False, properties=connect_props(SessionExpiryInterval=60))
+    assert watcher.none(wait=3.0), "the client came back within the delay: no will"
+    back.drop()
+    # This time it stays away (the new connection had no will, so nothing is sent either).
+    assert watcher.none(wait=3.0)
+    c = Client(silt, "wd2", clean=False, properties=connect_props(SessionExpiryInterval=60), will=will)
+    c.drop()
+    m = watcher.get(timeout=6)
+    assert m.topic == "wd/gone", "after the delay the will is published"
+    watcher.close()
+
+
+def test_a_second_connection_takes_the_session_over(silt):
+    first = Client(silt, "twin")
+    second = Client(silt, "twin")
+    rc = first.disconnects.get(timeout=5)
+    assert rc.value == 0x8E, "session taken over"
+    second.close()
