@@ -316,3 +316,56 @@ fn a_wildcard_session_over_100k_topics_gets_every_message() {
     assert_eq!(got, (0..TOPICS).collect::<Vec<_>>());
     silt.stop();
 }
+
+#[test]
+fn rumqttc_v5_properties_and_subscription_ids_round_trip() {
+    use rumqttc::v5::mqttbytes::QoS as QoS5;
+    use rumqttc::v5::mqttbytes::v5::{Packet as Packet5, PublishProperties, SubscribeProperties};
+    use rumqttc::v5::{AsyncClient as Client5, Event as Event5, MqttOptions as Options5};
+
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let port = silt.port;
+    runtime().block_on(async {
+        let (sub, mut sub_ev) = Client5::new(Options5::new("v5-sub", "127.0.0.1", port), 10);
+        sub.subscribe_with_properties(
+            "v5/+",
+            QoS5::AtLeastOnce,
+            SubscribeProperties { id: Some(11), user_properties: vec![] },
+        )
+        .await
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !matches!(sub_ev.poll().await.unwrap(), Event5::Incoming(Packet5::SubAck(_))) {}
+        })
+        .await
+        .unwrap();
+        let (publisher, mut pub_ev) = Client5::new(Options5::new("v5-pub", "127.0.0.1", port), 10);
+        tokio::spawn(async move { while pub_ev.poll().await.is_ok() {} });
+        let props = PublishProperties {
+            content_type: Some("text/plain".into()),
+            user_properties: vec![("site".into(), "berlin".into())],
+            response_topic: Some("v5/reply".into()),
+            correlation_data: Some(bytes::Bytes::from_static(b"42")),
+            ..PublishProperties::default()
+        };
+        publisher.publish_with_properties("v5/a", QoS5::AtLeastOnce, false, "hello", props).await.unwrap();
+        let p = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Event5::Incoming(Packet5::Publish(p)) = sub_ev.poll().await.unwrap() {
+                    return p;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(&p.payload[..], b"hello");
+        let got = p.properties.expect("properties");
+        assert_eq!(got.content_type.as_deref(), Some("text/plain"));
+        assert_eq!(got.user_properties, vec![("site".to_string(), "berlin".to_string())]);
+        assert_eq!(got.response_topic.as_deref(), Some("v5/reply"));
+        assert_eq!(got.correlation_data.as_deref(), Some(&b"42"[..]));
+        assert_eq!(got.subscription_identifiers, vec![11]);
+    });
+    silt.stop();
+}
