@@ -205,6 +205,11 @@ where
             return None;
         }
         let mut client_id = connect.client_id.clone();
+        if client_id.starts_with("$share/") {
+            // Reserved: shared-subscription groups are stored under these names.
+            let _ = write_packet(&mut wr, v, &refuse(ReasonCode::ClientIdentifierNotValid)).await;
+            return None;
+        }
         let mut assigned = None;
         if client_id.is_empty() {
             if !v.is_v5() && !connect.clean_start {
