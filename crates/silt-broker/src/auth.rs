@@ -103,6 +103,11 @@ impl Auth {
         Ok(Auth { passwords, acl, anonymous: cfg.allow_anonymous })
     }
 
+    /// Whether authenticating `username` runs an argon2 verification (slow on purpose).
+    pub fn verifies_password(&self, username: Option<&str>) -> bool {
+        username.is_some() && self.passwords.is_some()
+    }
+
     pub fn has_acl(&self) -> bool {
         self.acl.is_some()
     }

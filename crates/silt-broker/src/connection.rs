@@ -73,7 +73,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, wr) = tokio::io::split(stream);
-    let mut inbuf = BytesMut::with_capacity(8 * 1024);
+    // Small to start: an idle connection should cost little; buffers grow with traffic.
+    let mut inbuf = BytesMut::with_capacity(512);
     let mut rd = rd;
     let mut wr = wr;
     let connect = match read_connect(&broker, &mut rd, &mut wr, &mut inbuf).await {
@@ -187,13 +188,15 @@ where
     ) -> Option<Self> {
         let v = connect.protocol_version;
         let refuse = |code: ReasonCode| Packet::ConnAck(Box::new(ConnAck::refused(code)));
-        let verdict = {
+        let verdict = if broker.auth.verifies_password(connect.username.as_deref()) {
             let auth = broker.auth.clone();
             let (user, pass) = (connect.username.clone(), connect.password.clone());
             // argon2 is deliberately slow: keep it off the runtime's worker threads.
             tokio::task::spawn_blocking(move || auth.authenticate(user.as_deref(), pass.as_deref(), peer))
                 .await
                 .unwrap_or(Err(AuthError::NotAuthorized))
+        } else {
+            broker.auth.authenticate(connect.username.as_deref(), connect.password.as_deref(), peer)
         };
         if let Err(e) = verdict {
             tracing::info!(%peer, user = ?connect.username, reason = ?e, "connection refused");
@@ -296,7 +299,7 @@ where
             rd,
             wr,
             inbuf,
-            out: BytesMut::with_capacity(16 * 1024),
+            out: BytesMut::new(),
             version: v,
             peer,
             client_id,
@@ -392,7 +395,15 @@ where
             let keep_alive = self.keep_alive;
             let deadline = self.last_packet + keep_alive + keep_alive / 2;
             let has_pending = !self.pending_in.is_empty();
+            // More to deliver right now (a full batch was pulled, or the window freed up): go
+            // round again instead of waiting for a wake-up. A QoS 0 subscriber sends nothing
+            // back, so nothing else would wake it.
+            let more = self.want_pull && self.inflight.len() < self.window;
+            if self.inbuf.capacity() - self.inbuf.len() < 1024 {
+                self.inbuf.reserve(4096);
+            }
             tokio::select! {
+                biased;
                 _ = self.shutdown.changed() => return Close::Shutdown,
                 _ = self.kicked.notified() => return Close::TakenOver,
                 ack = async { (&mut self.pending_in.front_mut().expect("invariant: guarded").ack).await }, if has_pending => {
@@ -435,6 +446,8 @@ where
                         }
                     }
                 }
+                // Last, so that under continuous delivery the branches above still get their turn.
+                _ = std::future::ready(()), if more => {}
             }
         }
     }
@@ -1020,6 +1033,9 @@ where
         self.wr.write_all(&self.out).await?;
         self.wr.flush().await?;
         self.out.clear();
+        if self.out.capacity() > 256 * 1024 {
+            self.out = BytesMut::new(); // give a burst's buffer back
+        }
         self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
         Ok(())
     }

@@ -115,7 +115,7 @@ impl Dispatcher {
         loop {
             let stopping = stop.load(Ordering::Acquire);
             if unflushed && last_flush.elapsed() >= flush_every {
-                if let Err(e) = self.index.flush() {
+                if let Err(e) = self.index.flush(false) {
                     tracing::warn!(error = %e, "periodic index flush failed");
                 }
                 last_flush = std::time::Instant::now();
@@ -136,7 +136,7 @@ impl Dispatcher {
                 }
             }
         }
-        if let Err(e) = self.index.flush() {
+        if let Err(e) = self.index.flush(true) {
             tracing::error!(error = %e, "index flush at shutdown failed; the next start re-dispatches");
         }
     }

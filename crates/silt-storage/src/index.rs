@@ -250,10 +250,14 @@ impl Index {
         IndexBatch { index: self, wb: WriteBatch::default() }
     }
 
-    /// Flushes memtables so a restart resumes from here without re-dispatching.
-    pub fn flush(&self) -> Result<()> {
+    /// Flushes memtables so a restart resumes from here without re-dispatching. `wait: false`
+    /// schedules the (atomic, all-column-family) flush in the background, so dispatch does not
+    /// stall on it; shutdown waits.
+    pub fn flush(&self, wait: bool) -> Result<()> {
         let cfs = [self.cf(CF_META), self.cf(CF_REGISTRY), self.cf(CF_CQ)];
-        self.db.flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())?;
+        let mut opts = rocksdb::FlushOptions::default();
+        opts.set_wait(wait);
+        self.db.flush_cfs_opt(&cfs, &opts)?;
         Ok(())
     }
 
