@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Silt beside mosquitto: runs every silt-loadgen scenario against both brokers in one session
+# and prints a Markdown table of each figure and the Silt/mosquitto ratio.
+#
+#   bench/mqtt.sh                      # the full run (about 3 minutes on 2 cores, plus the build)
+#   DURATION=3 IDLE=1000 DRAIN=10000 bench/mqtt.sh   # a quick one
+#
+# Each scenario gets fresh brokers: mosquitto (Debian package; generated config: loopback
+# listener, anonymous, unlimited queues, no persistence) first, then Silt (fresh data
+# directory, default config: fsync "always"), one after the other on the same cores, so a
+# memory or CPU figure never carries over from an earlier scenario. Both are stopped by PID.
+#
+# Settings (environment): DURATION (s, 10), PUBLISHERS (50), SUBSCRIBERS (200), IDLE (5000),
+# DRAIN (100000), PAYLOAD (bytes, 128), RATE (msgs/s of the paced fan-in, 10000),
+# SILT_CONFIG (a silt.toml, e.g. to try another fsync policy), MOSQUITTO_EXTRA (config lines
+# appended to mosquitto.conf), RESULTS (where to keep the JSON lines), LOADGEN_THREADS (1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10}
+PUBLISHERS=${PUBLISHERS:-50}
+SUBSCRIBERS=${SUBSCRIBERS:-200}
+IDLE=${IDLE:-5000}
+DRAIN=${DRAIN:-100000}
+PAYLOAD=${PAYLOAD:-128}
+RATE=${RATE:-10000}
+LOADGEN_THREADS=${LOADGEN_THREADS:-1}
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/silt-target}"
+
+command -v mosquitto >/dev/null || { echo "mosquitto not found: apt-get install mosquitto" >&2; exit 1; }
+cargo build --release -q -p silt -p silt-loadgen
+SILT="$CARGO_TARGET_DIR/release/silt"
+LOADGEN="$CARGO_TARGET_DIR/release/silt-loadgen"
+
+# Every idle connection is a descriptor in the generator and one in the broker.
+want_fds=$((IDLE + 1024))
+if (($(ulimit -n) < want_fds)); then
+  hard=$(ulimit -Hn)
+  if [[ $hard != unlimited ]] && ((hard < want_fds)); then
+    echo "ulimit -n: hard limit $hard < $want_fds; lowering IDLE to $((hard - 1024))" >&2
+    IDLE=$((hard - 1024))
+    want_fds=$hard
+  fi
+  ulimit -n "$want_fds"
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/silt-bench.XXXXXX")
+RESULTS=${RESULTS:-$work/results.jsonl}
+: >"$RESULTS"
+broker_pid=""
+cleanup() {
+  if [[ -n $broker_pid ]] && kill -0 "$broker_pid" 2>/dev/null; then
+    kill -TERM "$broker_pid" 2>/dev/null || true
+    wait "$broker_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work/silt-data" "$work"/silt-data.*
+}
+trap cleanup EXIT
+
+wait_port() { # port pid: until the port accepts or the process is gone (30 s at most)
+  local i
+  for ((i = 0; i < 300; i++)); do
+    kill -0 "$2" 2>/dev/null || return 1
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+start_broker() { # name -> sets broker_pid and port
+  port=$("$LOADGEN" free-port)
+  case $1 in
+    mosquitto)
+      {
+        echo "listener $port 127.0.0.1"
+        echo "allow_anonymous true"
+        echo "max_queued_messages 0"
+        echo "persistence false"
+        echo "log_dest stderr"
+        echo "log_type error"
+        echo "log_type warning"
+        [[ -n ${MOSQUITTO_EXTRA:-} ]] && printf '%s\n' "$MOSQUITTO_EXTRA"
+      } >"$work/mosquitto.conf"
+      mosquitto -c "$work/mosquitto.conf" 2>>"$work/mosquitto.log" &
+      ;;
+    silt)
+      rm -rf "$work/silt-data"
+      SILT_LOG=warn "$SILT" serve --mqtt "127.0.0.1:$port" --data-dir "$work/silt-data" \
+        ${SILT_CONFIG:+--config "$SILT_CONFIG"} 2>>"$work/silt.log" &
+      ;;
+  esac
+  broker_pid=$!
+  wait_port "$port" "$broker_pid" || { echo "$1 did not start; log:" >&2; tail -20 "$work/$1.log" >&2; exit 1; }
+}
+
+stop_broker() {
+  kill -TERM "$broker_pid" 2>/dev/null || true
+  local i
+  for ((i = 0; i < 300; i++)); do
+    kill -0 "$broker_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -KILL "$broker_pid" 2>/dev/null || true
+  wait "$broker_pid" 2>/dev/null || true
+  broker_pid=""
+}
+
+run() { # scenario args...: against mosquitto, then Silt, each freshly started
+  local name
+  for name in mosquitto silt; do
+    start_broker "$name"
+    "$LOADGEN" "$@" --addr "127.0.0.1:$port" --broker "$name" --broker-pid "$broker_pid" \
+      --threads "$LOADGEN_THREADS" >>"$RESULTS" || echo "($name: $1 failed, see the line above)" >&2
+    stop_broker
+  done
+}
+
+flow=(--duration "$DURATION" --payload "$PAYLOAD")
+started=$(date +%s)
+run idle --connections "$IDLE"
+run fan-in --publishers "$PUBLISHERS" --qos 0 "${flow[@]}"
+run fan-in --publishers "$PUBLISHERS" --qos 1 "${flow[@]}"
+run fan-in --publishers "$PUBLISHERS" --qos 1 --rate "$RATE" "${flow[@]}"
+run fan-out --subscribers "$SUBSCRIBERS" --qos 0 "${flow[@]}"
+run fan-out --subscribers "$SUBSCRIBERS" --qos 1 "${flow[@]}"
+run drain --messages "$DRAIN" --payload "$PAYLOAD"
+elapsed=$(($(date +%s) - started))
+
+echo
+echo "Machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $(uname -sr);" \
+  "$(mosquitto -h 2>/dev/null | head -1); Silt fsync: ${SILT_CONFIG:+see $SILT_CONFIG}${SILT_CONFIG:-always (default)};" \
+  "generator threads: $LOADGEN_THREADS; scenarios took ${elapsed} s."
+echo
+"$LOADGEN" table --reference mosquitto --subject silt "$RESULTS"
+echo
+echo "JSON lines: $RESULTS"

@@ -1,0 +1,153 @@
+//! Renders result lines (JSON, one per scenario and broker) as a Markdown table comparing a
+//! subject broker with a reference broker: each figure for both, and subject/reference.
+//!
+//! Rows follow the order in which cases first appear. A figure missing on either side (an
+//! error, or a counter that does not apply) prints as "–"; so does a ratio over zero.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Better {
+    Higher,
+    Lower,
+}
+
+/// (label, JSON pointer, scale, which way is better).
+type Figure = (&'static str, &'static str, f64, Better);
+
+const FLOW: &[Figure] = &[
+    ("deliveries/s", "/msgs_per_s", 1.0, Better::Higher),
+    ("MB/s delivered", "/mb_per_s", 1.0, Better::Higher),
+    ("latency p50 ms", "/latency_us/p50", 1e-3, Better::Lower),
+    ("latency p99 ms", "/latency_us/p99", 1e-3, Better::Lower),
+    ("latency max ms", "/latency_us/max", 1e-3, Better::Lower),
+    ("PUBACK p50 ms", "/ack_latency_us/p50", 1e-3, Better::Lower),
+    ("PUBACK p99 ms", "/ack_latency_us/p99", 1e-3, Better::Lower),
+    ("lost", "/lost", 1.0, Better::Lower),
+    ("broker CPU µs/delivery", "/broker_cpu_us_per_msg", 1.0, Better::Lower),
+];
+
+const IDLE: &[Figure] = &[
+    ("connects/s", "/connects_per_s", 1.0, Better::Higher),
+    ("connect p99 ms", "/connect_latency_us/p99", 1e-3, Better::Lower),
+    ("broker RSS KiB/conn", "/broker_rss_kib_per_conn", 1.0, Better::Lower),
+    ("broker CPU µs/connect", "/broker_cpu_us_per_conn", 1.0, Better::Lower),
+    ("failed", "/failed", 1.0, Better::Lower),
+];
+
+const DRAIN: &[Figure] = &[
+    ("drain msgs/s", "/msgs_per_s", 1.0, Better::Higher),
+    ("drain s", "/drain_s", 1.0, Better::Lower),
+    ("offline publish msgs/s", "/fill_msgs_per_s", 1.0, Better::Higher),
+    ("broker RSS MiB while queued", "/broker_rss_mib_queued", 1.0, Better::Lower),
+    ("lost", "/lost", 1.0, Better::Lower),
+    ("duplicates", "/duplicates", 1.0, Better::Lower),
+];
+
+fn figures(scenario: &str) -> &'static [Figure] {
+    match scenario {
+        "idle" => IDLE,
+        "drain" => DRAIN,
+        _ => FLOW,
+    }
+}
+
+/// Builds the table from JSON lines; lines that are not JSON objects are skipped.
+pub fn render(lines: &str, reference: &str, subject: &str) -> String {
+    let results: Vec<Value> =
+        lines.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(Value::is_object).collect();
+    let mut cases: Vec<(&str, &str)> = Vec::new();
+    for r in &results {
+        let (Some(case), Some(scenario)) = (r["case"].as_str(), r["scenario"].as_str()) else { continue };
+        if !cases.iter().any(|(c, _)| *c == case) {
+            cases.push((case, scenario));
+        }
+    }
+    let find = |case: &str, broker: &str| {
+        results.iter().rev().find(|r| r["case"].as_str() == Some(case) && r["broker"].as_str() == Some(broker))
+    };
+    let mut out = String::new();
+    let _ = writeln!(out, "| case | figure | {reference} | {subject} | {subject}/{reference} |");
+    let _ = writeln!(out, "|---|---|---:|---:|---:|");
+    for (case, scenario) in cases {
+        let (r, s) = (find(case, reference), find(case, subject));
+        for &(label, pointer, scale, better) in figures(scenario) {
+            let value =
+                |v: Option<&Value>| v.and_then(|v| v.pointer(pointer)).and_then(Value::as_f64).map(|x| x * scale);
+            let (a, b) = (value(r), value(s));
+            if a.is_none() && b.is_none() {
+                continue;
+            }
+            let ratio = match (a, b) {
+                (Some(a), Some(b)) if a != 0.0 => format!("{:.2}", b / a),
+                _ => "–".to_owned(),
+            };
+            let arrow = if better == Better::Higher { "↑" } else { "↓" };
+            let _ = writeln!(out, "| {case} | {label} {arrow} | {} | {} | {ratio} |", cell(a, r), cell(b, s));
+        }
+    }
+    out
+}
+
+fn cell(v: Option<f64>, result: Option<&Value>) -> String {
+    match (v, result) {
+        (Some(v), _) => number(v),
+        (None, Some(r)) if r.get("error").is_some() => "error".to_owned(),
+        _ => "–".to_owned(),
+    }
+}
+
+/// Whole numbers and anything from 100 up: an integer with thousands separators; one or two
+/// decimals below.
+fn number(v: f64) -> String {
+    if v.abs() >= 100.0 || v.fract() == 0.0 {
+        let digits = format!("{:.0}", v.abs());
+        let mut grouped = String::new();
+        for (i, ch) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                grouped.push(',');
+            }
+            grouped.push(ch);
+        }
+        if v < 0.0 { format!("-{grouped}") } else { grouped }
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_grouped_and_rounded() {
+        assert_eq!(number(1_234_567.4), "1,234,567");
+        assert_eq!(number(100.0), "100");
+        assert_eq!(number(42.26), "42.3");
+        assert_eq!(number(7.0), "7");
+        assert_eq!(number(0.123), "0.12");
+        assert_eq!(number(-5_000.0), "-5,000");
+    }
+
+    #[test]
+    fn table_pairs_brokers_per_case_with_ratios() {
+        let lines = [
+            r#"{"scenario":"fan-in","case":"fan-in 2→1 QoS0","broker":"ref","msgs_per_s":1000.0,"lost":0,"latency_us":{"p50":2000,"p99":4000,"max":9000}}"#,
+            r#"{"scenario":"fan-in","case":"fan-in 2→1 QoS0","broker":"sub","msgs_per_s":1500.0,"lost":0,"latency_us":{"p50":1000,"p99":4000,"max":9000}}"#,
+            "not json",
+            r#"{"scenario":"idle","case":"idle 10 connections","broker":"ref","connects_per_s":50.0,"failed":0}"#,
+            r#"{"scenario":"idle","case":"idle 10 connections","broker":"sub","error":"refused"}"#,
+        ]
+        .join("\n");
+        let t = render(&lines, "ref", "sub");
+        assert!(t.contains("| fan-in 2→1 QoS0 | deliveries/s ↑ | 1,000 | 1,500 | 1.50 |"), "{t}");
+        assert!(t.contains("| fan-in 2→1 QoS0 | latency p50 ms ↓ | 2 | 1 | 0.50 |"), "{t}");
+        assert!(t.contains("| fan-in 2→1 QoS0 | lost ↓ | 0 | 0 | – |"), "{t}");
+        assert!(t.contains("| idle 10 connections | connects/s ↑ | 50 | error | – |"), "{t}");
+        assert!(!t.contains("PUBACK"), "{t}");
+    }
+}
