@@ -1,0 +1,273 @@
+//! Packets to the client: retained messages owed to new subscriptions, pulls from the
+//! session's and shared groups' cursors within the window, acknowledgements that settle
+//! cursors, QoS 2 state restored after a restart, topic aliases and packet ids.
+
+use super::*;
+
+impl<R, W> Conn<R, W>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    /// Resends the QoS 2 deliveries a previous connection (or broker) left incomplete, with
+    /// their original packet ids, and holds their offsets so they are not sent again as new.
+    pub(super) async fn restore_qos2(&mut self) {
+        let restored: Vec<OutboundQos2> = {
+            let mut s = self.session.lock().await;
+            let list: Vec<OutboundQos2> = s.outbound_qos2.values().cloned().collect();
+            for o in &list {
+                s.subs.hold(&o.settles(), o.entry());
+            }
+            list
+        };
+        for o in restored {
+            let Ok(record) = self.broker.storage.read_record(&o.entry()) else {
+                tracing::warn!(client_id = %self.client_id, packet_id = o.packet_id, "in-flight QoS 2 message unreadable");
+                continue;
+            };
+            let Some(id) = PacketId::new(o.packet_id) else { continue };
+            let m = Message::from_record(record);
+            let mut p = Publish::new(m.topic.clone(), m.payload.clone());
+            p.qos = QoS::ExactlyOnce;
+            p.dup = true;
+            p.packet_id = Some(id);
+            if self.version.is_v5() {
+                p.properties = publish_properties(&m, o.subscription_ids.clone(), Timestamp::now());
+            }
+            self.inflight.insert(
+                o.packet_id,
+                Inflight { qos: QoS::ExactlyOnce, released: false, settles: o.settles(), group: None },
+            );
+            self.queue(&Packet::Publish(p));
+        }
+    }
+
+    /// Settles an outbound message acknowledged with PUBACK (QoS 1), PUBCOMP or an error
+    /// PUBREC (QoS 2). Acknowledgements for unknown ids or of the wrong kind are ignored.
+    pub(super) async fn on_ack(&mut self, id: PacketId, qos: QoS) {
+        if self.inflight.get(&id.get()).is_none_or(|f| f.qos != qos) {
+            return;
+        }
+        let f = self.inflight.remove(&id.get()).expect("invariant: checked above");
+        if let Some(group) = &f.group {
+            let mut g = group.lock().await;
+            g.subs.settle(&f.settles);
+            g.dirty = true;
+            self.want_pull = true;
+            return;
+        }
+        let mut s = self.session.lock().await;
+        if qos == QoS::ExactlyOnce {
+            s.outbound_qos2.remove(&id.get());
+            s.dirty = true;
+        }
+        if !f.settles.is_empty() {
+            s.subs.settle(&f.settles);
+            s.dirty = true;
+        }
+        self.want_pull = true;
+    }
+
+    /// Pushes retained messages owed to new subscriptions, then pulls from the cursors, within
+    /// the window.
+    pub(super) async fn deliver(&mut self) -> Result<(), Close> {
+        let now = Timestamp::now();
+        while let Some((m, granted, sub_id)) = self.retained_queue.front().cloned() {
+            let qos = QoS::from_u8(m.qos.min(granted.as_u8())).unwrap_or_default();
+            if qos != QoS::AtMostOnce && self.inflight.len() >= self.window {
+                return Ok(());
+            }
+            self.retained_queue.pop_front();
+            if m.remaining_expiry(now) == Some(0) {
+                continue;
+            }
+            self.send_message(&m, qos, true, false, sub_id.into_iter().collect(), Vec::new(), None, now);
+        }
+        if !self.want_pull {
+            return Ok(());
+        }
+        let room = self.window.saturating_sub(self.inflight.len()).min(PULL_BATCH);
+        if room == 0 {
+            return Ok(());
+        }
+        let batch = {
+            let mut s = self.session.lock().await;
+            match s.subs.pull(&self.broker.storage, &self.client_id, now, room) {
+                Ok(b) => {
+                    if !b.is_empty() {
+                        s.dirty = true;
+                    }
+                    b
+                }
+                Err(e) => {
+                    tracing::warn!(client_id = %self.client_id, error = %e, "delivery read failed");
+                    return Err(Close::Violation(ReasonCode::UnspecifiedError));
+                }
+            }
+        };
+        self.want_pull = batch.len() == room;
+        let mut room = room - batch.len();
+        for o in batch {
+            let qos = QoS::from_u8(o.qos).unwrap_or_default();
+            self.send_message(&o.message, qos, o.retain, o.dup, o.subscription_ids, o.settles, Some(o.entry), now);
+        }
+        // Shared groups: whichever member pulls first gets the message.
+        let memberships: Vec<SharedMembership> = self.session.lock().await.shared.values().cloned().collect();
+        for m in memberships {
+            if room == 0 {
+                self.want_pull = true;
+                break;
+            }
+            let Some(group) = self.broker.group(&m.key) else { continue };
+            let batch = {
+                let mut g = group.lock().await;
+                match g.subs.pull(&self.broker.storage, "", now, room) {
+                    Ok(b) => {
+                        if !b.is_empty() {
+                            g.dirty = true;
+                        }
+                        b
+                    }
+                    Err(e) => {
+                        tracing::warn!(client_id = %self.client_id, error = %e, "shared delivery read failed");
+                        continue;
+                    }
+                }
+            };
+            if batch.len() == room {
+                self.want_pull = true;
+            }
+            room -= batch.len();
+            for o in batch {
+                let qos = QoS::from_u8(o.qos.min(m.qos)).unwrap_or_default();
+                let ids = m.subscription_id.into_iter().collect();
+                if qos == QoS::AtMostOnce {
+                    group.lock().await.subs.settle(&o.settles);
+                    self.send_message(&o.message, qos, false, false, ids, Vec::new(), None, now);
+                } else {
+                    self.send_shared(&o.message, qos, o.dup, ids, o.settles, &group, now);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a QoS 1/2 message from a shared group; its acknowledgement settles the group.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_shared(
+        &mut self,
+        m: &Message,
+        qos: QoS,
+        dup: bool,
+        ids: Vec<u32>,
+        settles: Vec<(String, Offset)>,
+        group: &GroupRef,
+        now: Timestamp,
+    ) {
+        let mut p = Publish::new(m.topic.clone(), m.payload.clone());
+        p.qos = qos;
+        p.dup = dup;
+        if self.version.is_v5() {
+            p.properties = publish_properties(m, ids, now);
+            self.apply_topic_alias(&mut p);
+        }
+        let id = self.allocate_packet_id();
+        p.packet_id = Some(id);
+        let packet = Packet::Publish(p);
+        if packet.encoded_len(self.version).is_ok_and(|n| n as u64 > u64::from(self.client_max_packet)) {
+            let group = group.clone();
+            tokio::spawn(async move { group.lock().await.subs.settle(&settles) });
+            return;
+        }
+        self.inflight.insert(id.get(), Inflight { qos, released: false, settles, group: Some(group.clone()) });
+        self.queue(&packet);
+        self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_message(
+        &mut self,
+        m: &Message,
+        qos: QoS,
+        retain: bool,
+        dup: bool,
+        subscription_ids: Vec<u32>,
+        settles: Vec<(String, Offset)>,
+        entry: Option<silt_storage::IndexEntry>,
+        now: Timestamp,
+    ) {
+        if self.broker.auth.has_acl()
+            && !self.broker.auth.allows_topic(self.username.as_deref(), &self.client_id, Access::Read, &m.topic)
+        {
+            self.settle_now(settles);
+            return;
+        }
+        let mut p = Publish::new(m.topic.clone(), m.payload.clone());
+        p.qos = qos;
+        p.retain = retain;
+        p.dup = dup;
+        if self.version.is_v5() {
+            p.properties = publish_properties(m, subscription_ids.clone(), now);
+            self.apply_topic_alias(&mut p);
+        }
+        let packet_id = if qos != QoS::AtMostOnce { Some(self.allocate_packet_id()) } else { None };
+        p.packet_id = packet_id;
+        let packet = Packet::Publish(p);
+        let fits = packet.encoded_len(self.version).is_ok_and(|n| n as u64 <= u64::from(self.client_max_packet));
+        if !fits {
+            // The client could not accept it: the spec says discard, as if delivered.
+            tracing::debug!(client_id = %self.client_id, "message larger than the client's maximum packet size dropped");
+            self.settle_now(settles);
+            return;
+        }
+        if let Some(id) = packet_id {
+            if qos == QoS::ExactlyOnce
+                && let Some(entry) = entry
+            {
+                self.qos2_unpersisted.push(OutboundQos2 {
+                    packet_id: id.get(),
+                    position: entry.position.get(),
+                    size: entry.size,
+                    timestamp: entry.timestamp.get(),
+                    settles: settles.iter().map(|(f, o)| (f.clone(), o.get())).collect(),
+                    subscription_ids,
+                });
+            }
+            self.inflight.insert(id.get(), Inflight { qos, released: false, settles, group: None });
+        }
+        self.queue(&packet);
+        self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Settles a message that will not be sent (denied by an ACL, too large for the client).
+    pub(super) fn settle_now(&self, settles: Vec<(String, Offset)>) {
+        if !settles.is_empty() {
+            let session = self.session.clone();
+            tokio::spawn(async move { session.lock().await.subs.settle(&settles) });
+        }
+    }
+
+    pub(super) fn apply_topic_alias(&mut self, p: &mut Publish) {
+        if self.topic_alias_max_out == 0 {
+            return;
+        }
+        if let Some(&a) = self.topic_aliases_out.get(&p.topic) {
+            p.properties.topic_alias = Some(a);
+            p.topic.clear();
+        } else if self.topic_aliases_out.len() < usize::from(self.topic_alias_max_out) {
+            let a = self.topic_aliases_out.len() as u16 + 1;
+            self.topic_aliases_out.insert(p.topic.clone(), a);
+            p.properties.topic_alias = Some(a);
+        }
+    }
+
+    pub(super) fn allocate_packet_id(&mut self) -> PacketId {
+        loop {
+            let id = self.next_packet_id;
+            self.next_packet_id = if id == u16::MAX { 1 } else { id + 1 };
+            if !self.inflight.contains_key(&id) {
+                return PacketId::new(id).expect("invariant: ids start at 1 and skip 0");
+            }
+        }
+    }
+}
