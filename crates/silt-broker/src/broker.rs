@@ -14,10 +14,12 @@ use silt_types::{Offset, Timestamp, TopicFilter, TopicTrie};
 use tokio::sync::Notify;
 
 use crate::config::MqttConfig;
+use crate::internal;
 use crate::message::Message;
-use crate::retained::RetainedStore;
+use crate::retained::{RETAINED_STREAM, RetainedStore};
 use crate::session::{
-    SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions, parse_shared, queue_for,
+    SESSIONS_STREAM, SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions, parse_shared,
+    queue_for,
 };
 
 /// Identifies one network connection.
@@ -208,8 +210,24 @@ impl Broker {
         auth: crate::auth::Auth,
     ) -> silt_storage::Result<Arc<Broker>> {
         storage.wait_dispatched_blocking(storage.stats().log_end)?;
-        let retained = RetainedStore::load(&storage)?;
-        let snapshots = SessionSnapshot::load_all(&storage)?;
+        let (retained, retained_replayed) = RetainedStore::load(&storage)?;
+        if internal::worth_compacting(retained_replayed, retained.len()) {
+            let start = internal::stream_end(&storage, RETAINED_STREAM)?;
+            storage.append_blocking(&retained.dump())?;
+            storage.append_blocking(&[internal::checkpoint_record(RETAINED_STREAM, start)])?;
+            tracing::info!(replayed = retained_replayed, live = retained.len(), "retained pointers compacted");
+        }
+        let (snapshots, sessions_replayed) = SessionSnapshot::load_all(&storage)?;
+        if internal::worth_compacting(sessions_replayed, snapshots.len()) {
+            let start = internal::stream_end(&storage, SESSIONS_STREAM)?;
+            let now = Timestamp::now();
+            let dump: Vec<_> = snapshots.values().map(|s| s.to_record(now)).collect();
+            for chunk in dump.chunks(1000) {
+                storage.append_blocking(chunk)?;
+            }
+            storage.append_blocking(&[internal::checkpoint_record(SESSIONS_STREAM, start)])?;
+            tracing::info!(replayed = sessions_replayed, live = snapshots.len(), "session snapshots compacted");
+        }
         let mut state = State::default();
         let now = Timestamp::now();
         let (group_snaps, snapshots): (Vec<_>, Vec<_>) =
@@ -599,8 +617,21 @@ impl Broker {
         }
     }
 
-    /// Persists every session (at shutdown).
+    /// Persists every session and group and marks that as a full dump, so the next start
+    /// replays only these snapshots (at shutdown, with no client left to change them).
     pub async fn persist_all(&self) {
+        let start = internal::stream_end(&self.storage, SESSIONS_STREAM);
+        self.persist_each().await;
+        let marked = match start {
+            Ok(s) => self.storage.append(&[internal::checkpoint_record(SESSIONS_STREAM, s)]).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = marked {
+            tracing::warn!(error = %e, "session checkpoint at shutdown failed; the next start replays more");
+        }
+    }
+
+    async fn persist_each(&self) {
         let groups: Vec<GroupRef> = self.state().groups.values().cloned().collect();
         for g in groups {
             if let Err(e) = self.persist_group(&g).await {
@@ -712,3 +743,6 @@ impl Broker {
         out
     }
 }
+
+#[cfg(test)]
+mod tests;

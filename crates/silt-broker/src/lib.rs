@@ -19,6 +19,7 @@ pub mod auth;
 pub mod broker;
 mod config;
 mod connection;
+mod internal;
 pub mod listeners;
 pub mod message;
 pub mod retained;

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use silt_storage::{IndexEntry, QueueName, Record, Storage};
+use silt_storage::{IndexEntry, Record, Storage};
 use silt_types::{LogPosition, Partition, Timestamp, TopicFilter};
 
 /// Internal stream of retained-message pointers.
@@ -90,28 +90,63 @@ impl RetainedStore {
         vec![message, pointer]
     }
 
-    /// Rebuilds the store from the pointer stream.
-    pub fn load(storage: &Storage) -> silt_storage::Result<RetainedStore> {
+    /// Rebuilds the store from the pointer stream, from its newest dump on. Returns the store
+    /// and how many pointers were replayed.
+    pub fn load(storage: &Storage) -> silt_storage::Result<(RetainedStore, u64)> {
         let mut store = RetainedStore::default();
-        let name = QueueName::Partition { stream: RETAINED_STREAM.into(), partition: Partition(0) };
-        let Some(id) = storage.queue_id(&name)? else { return Ok(store) };
-        let (mut from, end) = storage.queue_bounds(id)?;
-        while from < end {
-            let batch = storage.read_index(id, from, 1024)?;
-            let Some((last, _)) = batch.last() else { break };
-            from = last.next();
-            for (_, e) in batch {
-                let r = storage.read_record(&e)?;
-                let topic = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
-                let entry = <[u8; 4]>::try_from(r.value.as_ref()).ok().map(u32::from_be_bytes).map(|size| IndexEntry {
-                    position: LogPosition(e.position.get() - u64::from(size)),
-                    size,
+        let from = crate::internal::checkpoint(storage, RETAINED_STREAM)?;
+        let replayed = crate::internal::scan(storage, RETAINED_STREAM, from, |e, r| {
+            let topic = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+            let entry = match r.value.len() {
+                // Relative: the message record sits just before this pointer, in its batch.
+                4 => {
+                    let size = u32::from_be_bytes(r.value[..4].try_into().expect("invariant: 4 bytes"));
+                    Some(IndexEntry {
+                        position: LogPosition(e.position.get() - u64::from(size)),
+                        size,
+                        timestamp: r.timestamp,
+                    })
+                }
+                // Absolute (written by a dump): position and size.
+                12 => Some(IndexEntry {
+                    position: LogPosition(u64::from_be_bytes(r.value[..8].try_into().expect("invariant: 8 bytes"))),
+                    size: u32::from_be_bytes(r.value[8..].try_into().expect("invariant: 4 bytes")),
                     timestamp: r.timestamp,
-                });
-                store.set(&topic, entry);
-            }
-        }
-        Ok(store)
+                }),
+                _ => None,
+            };
+            store.set(&topic, entry);
+        })?;
+        Ok((store, replayed))
+    }
+
+    /// Absolute pointers for every retained message: a full dump of the store.
+    pub fn dump(&self) -> Vec<Record> {
+        let mut out = Vec::with_capacity(self.len);
+        let mut path = Vec::new();
+        dump_node(&self.root, &mut path, &mut out);
+        out
+    }
+}
+
+fn dump_node<'a>(node: &'a Node, path: &mut Vec<&'a str>, out: &mut Vec<Record>) {
+    if let Some(e) = node.entry {
+        let mut value = Vec::with_capacity(12);
+        value.extend_from_slice(&e.position.get().to_be_bytes());
+        value.extend_from_slice(&e.size.to_be_bytes());
+        out.push(Record {
+            timestamp: e.timestamp,
+            stream: RETAINED_STREAM.into(),
+            partition: Partition(0),
+            key: Some(Bytes::from(path.join("/"))),
+            value: Bytes::from(value),
+            ..Record::default()
+        });
+    }
+    for (name, child) in &node.children {
+        path.push(name);
+        dump_node(child, path, out);
+        path.pop();
     }
 }
 

@@ -139,31 +139,25 @@ impl SessionSnapshot {
         }
     }
 
-    /// Reads every snapshot from the log; the last one per client id wins.
-    pub fn load_all(storage: &Storage) -> silt_storage::Result<HashMap<String, SessionSnapshot>> {
-        let name = QueueName::Partition { stream: SESSIONS_STREAM.into(), partition: Partition(0) };
+    /// Reads the snapshots from the newest dump on; the last one per key wins. Returns them
+    /// and how many records were replayed.
+    pub fn load_all(storage: &Storage) -> silt_storage::Result<(HashMap<String, SessionSnapshot>, u64)> {
+        let from = crate::internal::checkpoint(storage, SESSIONS_STREAM)?;
         let mut out = HashMap::new();
-        let Some(id) = storage.queue_id(&name)? else { return Ok(out) };
-        let (mut from, end) = storage.queue_bounds(id)?;
-        while from < end {
-            let batch = storage.read_queue(id, from, 1024)?;
-            let Some((last, _)) = batch.last() else { break };
-            from = last.next();
-            for (_, r) in batch {
-                let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
-                if r.value.is_empty() {
-                    out.remove(&key);
-                    continue;
-                }
-                match serde_json::from_slice::<SessionSnapshot>(&r.value) {
-                    Ok(s) => {
-                        out.insert(key, s);
-                    }
-                    Err(e) => tracing::warn!(client_id = %key, error = %e, "unreadable session snapshot skipped"),
-                }
+        let replayed = crate::internal::scan(storage, SESSIONS_STREAM, from, |_, r| {
+            let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+            if r.value.is_empty() {
+                out.remove(&key);
+                return;
             }
-        }
-        Ok(out)
+            match serde_json::from_slice::<SessionSnapshot>(&r.value) {
+                Ok(s) => {
+                    out.insert(key, s);
+                }
+                Err(e) => tracing::warn!(client_id = %key, error = %e, "unreadable session snapshot skipped"),
+            }
+        })?;
+        Ok((out, replayed))
     }
 }
 

@@ -142,7 +142,8 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
     s.append_blocking(&[c2.to_record(Timestamp::now())]).unwrap();
     let a = s.append_blocking(&[SessionSnapshot::tombstone("c2", Timestamp::now())]).unwrap();
     s.wait_dispatched_blocking(a.end).unwrap();
-    let all = SessionSnapshot::load_all(&s).unwrap();
+    let (all, replayed) = SessionSnapshot::load_all(&s).unwrap();
+    assert_eq!(replayed, 3);
     assert_eq!(all.len(), 1);
     assert_eq!(all["c1"], snap);
 }
