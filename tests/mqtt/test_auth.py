@@ -34,20 +34,28 @@ def secured(data_dir):
         s.kill()
 
 
-def connect_rc(silt, protocol, username, password):
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="x", protocol=protocol)
+def connack_code(silt, protocol, username, password, client_id="x", will=None):
+    """Connects once and returns the CONNACK reason code (None if none came within 5 s)."""
+    import time
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
     c.username_pw_set(username, password)
+    if will:
+        c.will_set(**will)
     result = []
     c.on_connect = lambda *a: result.append(a[3])
     c.connect("127.0.0.1", silt.port)
     c.loop_start()
-    import time
     for _ in range(100):
         if result:
             break
         time.sleep(0.05)
     c.loop_stop()
-    return result[0]
+    return result[0] if result else None
+
+
+def connect_rc(silt, protocol, username, password):
+    return connack_code(silt, protocol, username, password)
 
 
 def test_wrong_password_is_refused_with_the_right_code(secured):
@@ -91,17 +99,6 @@ def test_anonymous_loopback_client_gets_anonymous_rules(secured):
 
 
 def test_will_to_a_forbidden_topic_refuses_the_connection(secured):
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="w", protocol=mqtt.MQTTv5)
-    c.username_pw_set("bob", "builder")
-    c.will_set("alice/fake", b"x", qos=1)
-    result = []
-    c.on_connect = lambda *a: result.append(a[3])
-    c.connect("127.0.0.1", secured.port)
-    c.loop_start()
-    import time
-    for _ in range(100):
-        if result:
-            break
-        time.sleep(0.05)
-    c.loop_stop()
-    assert result and result[0].value == 0x87
+    will = {"topic": "alice/fake", "payload": b"x", "qos": 1}
+    rc = connack_code(secured, mqtt.MQTTv5, "bob", "builder", client_id="w", will=will)
+    assert rc is not None and rc.value == 0x87

@@ -36,17 +36,9 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
         changes
     };
     for (id, backlog) in changes {
-        let m = Message {
-            topic: format!("$SYS/broker/sessions/{}/backlog", encode_level(&id)),
-            payload: backlog.map_or_else(Bytes::new, |b| Bytes::from(b.to_string())),
-            retain: true,
-            utf8_payload: true,
-            timestamp: Timestamp::now(),
-            ..Message::default()
-        };
-        if let Err(e) = broker.publish(&m).await {
-            tracing::debug!(error = %e, "$SYS publish failed");
-        }
+        // An empty retained payload clears the topic of a session that is gone.
+        let value = backlog.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+        publish_retained(broker, format!("$SYS/broker/sessions/{}/backlog", encode_level(&id)), value).await;
     }
     let figures: Vec<(&str, String)> = vec![
         ("version", format!("silt {}", env!("CARGO_PKG_VERSION"))),
@@ -61,18 +53,15 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
         ("store/log bytes", (storage.log_end.get() - storage.log_start.get()).to_string()),
     ];
     for (name, value) in figures {
-        let m = Message {
-            topic: format!("$SYS/broker/{name}"),
-            payload: Bytes::from(value),
-            qos: 0,
-            retain: true,
-            utf8_payload: true,
-            timestamp: Timestamp::now(),
-            ..Message::default()
-        };
-        if let Err(e) = broker.publish(&m).await {
-            tracing::debug!(error = %e, "$SYS publish failed");
-        }
+        publish_retained(broker, format!("$SYS/broker/{name}"), Bytes::from(value)).await;
+    }
+}
+
+async fn publish_retained(broker: &std::sync::Arc<Broker>, topic: String, payload: Bytes) {
+    let m =
+        Message { topic, payload, retain: true, utf8_payload: true, timestamp: Timestamp::now(), ..Message::default() };
+    if let Err(e) = broker.publish(&m).await {
+        tracing::debug!(error = %e, "$SYS publish failed");
     }
 }
 
