@@ -80,16 +80,18 @@ where
     let mut inbuf = BytesMut::with_capacity(512);
     let mut rd = rd;
     let mut wr = wr;
-    let connect = match read_connect(&broker, &mut rd, &mut wr, &mut inbuf).await {
+    // The rarely-run steps are boxed so that the future every connection keeps alive stays
+    // small: its size is that of its largest state.
+    let connect = match Box::pin(read_connect(&broker, &mut rd, &mut wr, &mut inbuf)).await {
         Some(c) => c,
         None => return,
     };
-    let mut conn = match Conn::accept(broker, rd, wr, inbuf, peer, *connect, shutdown).await {
+    let mut conn = match Box::pin(Conn::accept(broker, rd, wr, inbuf, peer, *connect, shutdown)).await {
         Some(c) => c,
         None => return,
     };
     let close = conn.serve().await;
-    conn.finish(close).await;
+    Box::pin(conn.finish(close)).await;
 }
 
 /// Reads and decodes the CONNECT, answering malformed ones as the spec asks.
@@ -369,8 +371,10 @@ where
             // round again instead of waiting for a wake-up. A QoS 0 subscriber sends nothing
             // back, so nothing else would wake it.
             let more = self.want_pull && self.inflight.len() < self.window;
-            if self.inbuf.capacity() - self.inbuf.len() < 1024 {
-                self.inbuf.reserve(4096);
+            // Grow the read buffer only when a read filled it: an idle connection keeps 512
+            // bytes, a busy one doubles towards its packet sizes.
+            if self.inbuf.capacity() == self.inbuf.len() {
+                self.inbuf.reserve(self.inbuf.len().max(512));
             }
             tokio::select! {
                 biased;
@@ -399,25 +403,28 @@ where
                     tracing::debug!(client_id = %self.client_id, "keep alive expired");
                     return Close::Violation(ReasonCode::KeepAliveTimeout);
                 }
-                _ = commit.tick() => {
-                    let (dirty, keys) = {
-                        let s = self.session.lock().await;
-                        (s.dirty, s.shared.keys().cloned().collect::<Vec<_>>())
-                    };
-                    if dirty && let Err(e) = self.broker.persist(&self.session).await {
-                        tracing::warn!(client_id = %self.client_id, error = %e, "cursor commit failed");
-                    }
-                    for key in keys {
-                        if let Some(g) = self.broker.group(&key)
-                            && g.lock().await.dirty
-                            && let Err(e) = self.broker.persist_group(&g).await
-                        {
-                            tracing::warn!(client_id = %self.client_id, error = %e, "shared cursor commit failed");
-                        }
-                    }
-                }
+                _ = commit.tick() => Box::pin(self.commit_cursors()).await,
                 // Last, so that under continuous delivery the branches above still get their turn.
                 _ = std::future::ready(()), if more => {}
+            }
+        }
+    }
+
+    /// Persists the session's and its shared groups' cursors if they moved.
+    async fn commit_cursors(&mut self) {
+        let (dirty, keys) = {
+            let s = self.session.lock().await;
+            (s.dirty, s.shared.keys().cloned().collect::<Vec<_>>())
+        };
+        if dirty && let Err(e) = self.broker.persist(&self.session).await {
+            tracing::warn!(client_id = %self.client_id, error = %e, "cursor commit failed");
+        }
+        for key in keys {
+            if let Some(g) = self.broker.group(&key)
+                && g.lock().await.dirty
+                && let Err(e) = self.broker.persist_group(&g).await
+            {
+                tracing::warn!(client_id = %self.client_id, error = %e, "shared cursor commit failed");
             }
         }
     }

@@ -78,11 +78,22 @@ async fn serve_one(
     stream: TcpStream,
     peer: SocketAddr,
     _permit: OwnedSemaphorePermit,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     if let Transport::Tcp = transport {
         return connection::run(broker, stream, peer, shutdown).await;
     }
+    // Boxed so that plain TCP connections don't carry the size of a TLS/WS handshake.
+    Box::pin(upgraded(broker, transport, stream, peer, shutdown)).await;
+}
+
+async fn upgraded(
+    broker: Arc<Broker>,
+    transport: Transport,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, listeners::upgrade(&transport, stream));
     let io = tokio::select! {
         _ = shutdown.changed() => return,

@@ -66,17 +66,24 @@ async fn publish_seq(port: u16, topic: &str, n: u64) {
     sender.await.unwrap().disconnect().await.unwrap();
 }
 
-/// Receives sequence numbers until `stop` says so; returns them in arrival order.
+/// Receives sequence numbers until `stop` says so; returns them in arrival order. Acknowledges
+/// exactly the messages it returns (manual acks): rumqttc would otherwise acknowledge whatever
+/// it has read from the socket, including messages this function never hands back.
 async fn receive_seq(port: u16, id: &str, secs: u64, mut stop: impl FnMut(&[u64]) -> bool) -> Vec<u64> {
-    let (_c, mut ev) = AsyncClient::new(options(id, port, false), 10);
+    let mut opts = options(id, port, false);
+    opts.set_manual_acks(true);
+    let (c, mut ev) = AsyncClient::new(opts, 100_000);
     let mut got = Vec::new();
     until(&mut ev, secs, |e| {
         if let Event::Incoming(Packet::Publish(p)) = e {
             got.push(u64::from_be_bytes(p.payload[..8].try_into().unwrap()));
+            c.try_ack(p).unwrap();
         }
         stop(&got)
     })
     .await;
+    // Let the acknowledgements reach the broker.
+    let _ = tokio::time::timeout(Duration::from_millis(300), async { while ev.poll().await.is_ok() {} }).await;
     got
 }
 

@@ -41,9 +41,11 @@ where
                 self.queue(&Packet::PubComp(comp));
                 Ok(())
             }
-            Packet::Subscribe(s) => self.on_subscribe(s).await,
+            // Boxed: rare and deep (filter registration, a durable snapshot), they would
+            // otherwise set the size of every connection's future.
+            Packet::Subscribe(s) => Box::pin(self.on_subscribe(s)).await,
             Packet::Unsubscribe(u) => {
-                self.on_unsubscribe(u).await;
+                Box::pin(self.on_unsubscribe(u)).await;
                 Ok(())
             }
             Packet::PingReq => {
