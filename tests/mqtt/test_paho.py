@@ -310,3 +310,18 @@ def test_a_second_connection_takes_the_session_over(silt):
     rc = first.disconnects.get(timeout=5)
     assert rc.value == 0x8E, "session taken over"
     second.close()
+
+
+def test_leaving_a_shared_group_keeps_the_plain_subscription_on_the_same_filter(silt):
+    c = Client(silt, "both")
+    c.c.subscribe("r/#", qos=1)
+    c.subacks.get(timeout=5)
+    c.c.subscribe("$share/g/r/#", qos=1)
+    c.subacks.get(timeout=5)
+    c.c.unsubscribe("$share/g/r/#")
+    time.sleep(0.3)
+    pub = Client(silt, "both-pub")
+    pub.c.publish("r/x", b"still here", qos=1).wait_for_publish(5)
+    assert c.get(timeout=5).payload == b"still here"
+    c.close()
+    pub.close()

@@ -36,23 +36,41 @@ pub struct Router {
 struct RouterInner {
     trie: TopicTrie<ConnId>,
     conns: HashMap<ConnId, Arc<Notify>>,
+    /// How many of a connection's subscriptions route through one filter (a plain and a
+    /// shared subscription may share it); the trie entry goes when the count reaches 0.
+    refs: HashMap<(ConnId, String), usize>,
+}
+
+impl RouterInner {
+    fn release(&mut self, conn: ConnId, filter: &TopicFilter) {
+        let key = (conn, filter.as_str().to_owned());
+        match self.refs.get_mut(&key) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                self.refs.remove(&key);
+                self.trie.remove(filter, &conn);
+            }
+            None => {}
+        }
+    }
 }
 
 impl Router {
     fn add(&self, conn: ConnId, notify: &Arc<Notify>, filter: &TopicFilter) {
         let mut r = self.inner.lock().expect("invariant: lock not poisoned");
         r.conns.entry(conn).or_insert_with(|| notify.clone());
+        *r.refs.entry((conn, filter.as_str().to_owned())).or_default() += 1;
         r.trie.insert(filter, conn);
     }
 
     fn remove(&self, conn: ConnId, filter: &TopicFilter) {
-        self.inner.lock().expect("invariant: lock not poisoned").trie.remove(filter, &conn);
+        self.inner.lock().expect("invariant: lock not poisoned").release(conn, filter);
     }
 
     fn drop_conn(&self, conn: ConnId, filters: impl Iterator<Item = TopicFilter>) {
         let mut r = self.inner.lock().expect("invariant: lock not poisoned");
         for f in filters {
-            r.trie.remove(&f, &conn);
+            r.release(conn, &f);
         }
         r.conns.remove(&conn);
     }

@@ -56,16 +56,25 @@ where
             self.want_pull = true;
             return;
         }
-        let mut s = self.session.lock().await;
-        if qos == QoS::ExactlyOnce {
-            s.outbound_qos2.remove(&id.get());
-            s.dirty = true;
-        }
-        if !f.settles.is_empty() {
-            s.subs.settle(&f.settles);
-            s.dirty = true;
+        {
+            let mut s = self.session.lock().await;
+            if qos == QoS::ExactlyOnce {
+                s.outbound_qos2.remove(&id.get());
+                s.dirty = true;
+            }
+            if !f.settles.is_empty() {
+                s.subs.settle(&f.settles);
+                s.dirty = true;
+            }
         }
         self.want_pull = true;
+        if qos == QoS::ExactlyOnce {
+            // Record the completion now rather than at the next cursor commit: a restart must
+            // not resend a QoS 2 message the client has completed (it would be new to it).
+            if let Err(e) = Box::pin(self.broker.persist(&self.session)).await {
+                tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 completion not persisted");
+            }
+        }
     }
 
     /// Pushes retained messages owed to new subscriptions, then pulls from the cursors, within
