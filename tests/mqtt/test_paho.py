@@ -3,11 +3,15 @@
 import time
 
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from conftest import Client
+
+
+BOTH_VERSIONS = pytest.mark.parametrize("proto", [mqtt.MQTTv311, mqtt.MQTTv5], ids=["3.1.1", "5.0"])
 
 
 def publish_props(**kw):
@@ -43,11 +47,12 @@ def test_v5_properties_pass_through(silt):
     sub.close()
 
 
-def test_qos2_both_ways_delivers_exactly_once(silt):
-    sub = Client(silt, "q2-sub")
+@BOTH_VERSIONS
+def test_qos2_both_ways_delivers_exactly_once(silt, proto):
+    sub = Client(silt, "q2-sub", protocol=proto)
     sub.c.subscribe("q2/t", qos=2)
     time.sleep(0.3)
-    pub = Client(silt, "q2-pub")
+    pub = Client(silt, "q2-pub", protocol=proto)
     for i in range(20):
         pub.c.publish("q2/t", str(i).encode(), qos=2).wait_for_publish(5)
     got = [sub.get() for _ in range(20)]
@@ -58,11 +63,12 @@ def test_qos2_both_ways_delivers_exactly_once(silt):
     sub.close()
 
 
-def test_overlapping_subscriptions_deliver_once_at_max_qos(silt):
-    sub = Client(silt, "overlap")
+@BOTH_VERSIONS
+def test_overlapping_subscriptions_deliver_once_at_max_qos(silt, proto):
+    sub = Client(silt, "overlap", protocol=proto)
     sub.c.subscribe([("o/#", 0), ("o/+", 1)])
     time.sleep(0.3)
-    pub = Client(silt, "overlap-pub")
+    pub = Client(silt, "overlap-pub", protocol=proto)
     pub.c.publish("o/x", b"m", qos=2).wait_for_publish(5)
     m = sub.get()
     assert m.qos == 1
@@ -117,13 +123,14 @@ def test_subscription_identifiers_are_returned(silt):
     c.close()
 
 
-def test_will_is_published_on_abnormal_close_not_on_disconnect(silt):
-    watcher = Client(silt, "will-watch")
+@BOTH_VERSIONS
+def test_will_is_published_on_abnormal_close_not_on_disconnect(silt, proto):
+    watcher = Client(silt, "will-watch", protocol=proto)
     watcher.c.subscribe("wills/#", qos=1)
     time.sleep(0.3)
-    polite = Client(silt, "polite", will={"topic": "wills/polite", "payload": b"gone", "qos": 1})
+    polite = Client(silt, "polite", protocol=proto, will={"topic": "wills/polite", "payload": b"gone", "qos": 1})
     polite.close()
-    rude = Client(silt, "rude", will={"topic": "wills/rude", "payload": b"gone", "qos": 1})
+    rude = Client(silt, "rude", protocol=proto, will={"topic": "wills/rude", "payload": b"gone", "qos": 1})
     rude.drop()
     m = watcher.get()
     assert m.topic == "wills/rude"
@@ -161,16 +168,17 @@ def drain(client, wait=1.0):
             return out
 
 
-def test_shared_subscription_gives_each_message_to_one_member(silt):
-    a = Client(silt, "share-a")
-    b = Client(silt, "share-b")
-    plain = Client(silt, "share-plain")
+@BOTH_VERSIONS
+def test_shared_subscription_gives_each_message_to_one_member(silt, proto):
+    a = Client(silt, "share-a", protocol=proto)
+    b = Client(silt, "share-b", protocol=proto)
+    plain = Client(silt, "share-plain", protocol=proto)
     for c in (a, b):
         c.c.subscribe("$share/workers/jobs/#", qos=1)
         assert c.subacks.get(timeout=5)[0].value == 1
     plain.c.subscribe("jobs/#", qos=1)
     plain.subacks.get(timeout=5)
-    pub = Client(silt, "share-pub")
+    pub = Client(silt, "share-pub", protocol=proto)
     for i in range(40):
         pub.c.publish(f"jobs/{i}", str(i).encode(), qos=1).wait_for_publish(5)
     got_a = [m.payload for m in drain(a)]
@@ -312,15 +320,16 @@ def test_a_second_connection_takes_the_session_over(silt):
     second.close()
 
 
-def test_leaving_a_shared_group_keeps_the_plain_subscription_on_the_same_filter(silt):
-    c = Client(silt, "both")
+@BOTH_VERSIONS
+def test_leaving_a_shared_group_keeps_the_plain_subscription_on_the_same_filter(silt, proto):
+    c = Client(silt, "both", protocol=proto)
     c.c.subscribe("r/#", qos=1)
     c.subacks.get(timeout=5)
     c.c.subscribe("$share/g/r/#", qos=1)
     c.subacks.get(timeout=5)
     c.c.unsubscribe("$share/g/r/#")
     time.sleep(0.3)
-    pub = Client(silt, "both-pub")
+    pub = Client(silt, "both-pub", protocol=proto)
     pub.c.publish("r/x", b"still here", qos=1).wait_for_publish(5)
     assert c.get(timeout=5).payload == b"still here"
     c.close()
