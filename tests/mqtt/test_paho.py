@@ -334,3 +334,4 @@ def test_leaving_a_shared_group_keeps_the_plain_subscription_on_the_same_filter(
     assert c.get(timeout=5).payload == b"still here"
     c.close()
     pub.close()
+

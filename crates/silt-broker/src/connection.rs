@@ -8,7 +8,7 @@
 //! makes the connection pull from its session's cursors; a subscriber that stops reading stops
 //! the pulls, so its backlog stays in the log and not in memory.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use silt_mqtt::{
-    AckProperties, ConnAck, Connect, Disconnect, Packet, PacketId, ProtocolVersion, PubResponse, Publish,
-    PublishProperties, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe,
+    AckProperties, ConnAck, Connect, Disconnect, InboundAliases, Outbound, OutboundAliases, Packet, PacketId,
+    ProtocolVersion, PubRecOutcome, PubResponse, Publish, PublishProperties, QoS, ReasonCode, RetainHandling, SubAck,
+    Subscribe, UnsubAck, Unsubscribe,
 };
 use silt_storage::Appended;
 use silt_types::{Offset, Timestamp, TopicFilter, TopicName};
@@ -49,9 +50,6 @@ struct PendingIn {
 
 /// An outbound QoS 1/2 message waiting for the client.
 struct Inflight {
-    qos: QoS,
-    /// PUBREC received and PUBREL sent (QoS 2).
-    released: bool,
     settles: Vec<(String, Offset)>,
     /// The shared group the message came from (its cursor settles it), if any.
     group: Option<GroupRef>,
@@ -158,15 +156,11 @@ struct Conn<R, W> {
     last_packet: Instant,
     /// Inbound QoS 1/2 publishes awaiting durability, in arrival order.
     pending_in: VecDeque<PendingIn>,
-    topic_aliases_in: HashMap<u16, String>,
-    topic_alias_max_in: u16,
+    topic_aliases_in: InboundAliases,
     /// Outbound messages awaiting PUBACK / PUBREC / PUBCOMP, by packet id.
-    inflight: BTreeMap<u16, Inflight>,
-    next_packet_id: u16,
-    window: usize,
+    inflight: Outbound<Inflight>,
     client_max_packet: u32,
-    topic_aliases_out: HashMap<String, u16>,
-    topic_alias_max_out: u16,
+    topic_aliases_out: OutboundAliases,
     /// Retained messages owed to new subscriptions (message, granted QoS, subscription id).
     retained_queue: VecDeque<(Message, QoS, Option<u32>)>,
     want_pull: bool,
@@ -316,14 +310,10 @@ where
             keep_alive: Duration::from_secs(u64::from(keep_alive)),
             last_packet: Instant::now(),
             pending_in: VecDeque::new(),
-            topic_aliases_in: HashMap::new(),
-            topic_alias_max_in: if v.is_v5() { cfg.topic_alias_maximum } else { 0 },
-            inflight: BTreeMap::new(),
-            next_packet_id: 1,
-            window: usize::from(window.max(1)),
+            topic_aliases_in: InboundAliases::new(if v.is_v5() { cfg.topic_alias_maximum } else { 0 }),
+            inflight: Outbound::new(window),
             client_max_packet: connect.properties.maximum_packet_size.unwrap_or(u32::MAX),
-            topic_aliases_out: HashMap::new(),
-            topic_alias_max_out: connect.properties.topic_alias_maximum.unwrap_or(0),
+            topic_aliases_out: OutboundAliases::new(connect.properties.topic_alias_maximum.unwrap_or(0)),
             retained_queue: VecDeque::new(),
             want_pull: true,
             will,
@@ -365,12 +355,13 @@ where
                 return Close::Lost;
             }
             let keep_alive = self.keep_alive;
-            let deadline = self.last_packet + keep_alive + keep_alive / 2;
+            let deadline =
+                silt_mqtt::keep_alive_deadline(self.last_packet.into_std(), keep_alive).map(Instant::from_std);
             let has_pending = !self.pending_in.is_empty();
             // More to deliver right now (a full batch was pulled, or the window freed up): go
             // round again instead of waiting for a wake-up. A QoS 0 subscriber sends nothing
             // back, so nothing else would wake it.
-            let more = self.want_pull && self.inflight.len() < self.window;
+            let more = self.want_pull && self.inflight.room() > 0;
             // Grow the read buffer only when a read filled it: an idle connection keeps 512
             // bytes, a busy one doubles towards its packet sizes.
             if self.inbuf.capacity() == self.inbuf.len() {
@@ -399,7 +390,7 @@ where
                     }
                 }
                 _ = self.wake.notified() => self.want_pull = true,
-                _ = tokio::time::sleep_until(deadline), if !keep_alive.is_zero() => {
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                     tracing::debug!(client_id = %self.client_id, "keep alive expired");
                     return Close::Violation(ReasonCode::KeepAliveTimeout);
                 }
@@ -475,7 +466,8 @@ where
             let _ = self.acknowledge_publish(p.packet_id, p.qos, r).await;
         }
         // Shared-group messages this member never acknowledged go to another member.
-        for (_, f) in std::mem::take(&mut self.inflight) {
+        let pending: Vec<Inflight> = self.inflight.drain().collect();
+        for f in pending {
             if let Some(group) = f.group {
                 group.lock().await.subs.release(&f.settles);
             }

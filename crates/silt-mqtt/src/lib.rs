@@ -13,6 +13,8 @@
 //!   [`ConnectError`], [`EncodeError`].
 //! - `types`: [`ProtocolVersion`], [`QoS`], [`PacketId`], [`PacketType`].
 //! - `wire`: bounds-checked reader, byte/count sinks, variable byte integers, strings.
+//! - `flow`: per-connection state without I/O — packet ids and the in-flight window
+//!   ([`Outbound`]), topic aliases both ways, the keep-alive deadline (time passed in).
 //!
 //! What the codec checks: everything the spec decides from one packet alone (fixed-header
 //! flags, lengths, UTF-8 and U+0000, duplicate or misplaced properties, property values,
@@ -40,6 +42,7 @@
 
 mod codec;
 mod error;
+mod flow;
 mod packet;
 mod properties;
 mod property;
@@ -49,6 +52,7 @@ mod wire;
 
 pub use codec::{decode, decode_connect};
 pub use error::{ConnectError, DecodeError, EncodeError, Malformed, ProtocolViolation};
+pub use flow::{InboundAliases, Outbound, OutboundAliases, PubRecOutcome, keep_alive_deadline};
 pub use packet::{
     Auth, ConnAck, Connect, Disconnect, Packet, PubResponse, Publish, RetainHandling, SubAck, Subscribe, Subscription,
     SubscriptionOptions, UnsubAck, Unsubscribe, Will,

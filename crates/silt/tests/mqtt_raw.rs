@@ -24,12 +24,16 @@ struct Raw {
 
 impl Raw {
     fn connect(port: u16, id: &str, clean: bool) -> (Raw, bool) {
+        Self::connect_with(port, id, clean, ConnectProperties::default())
+    }
+
+    fn connect_with(port: u16, id: &str, clean: bool, props: ConnectProperties) -> (Raw, bool) {
         let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut raw = Raw { s, buf: BytesMut::new() };
         let mut c = Connect::new(V, id, 60);
         c.clean_start = clean;
-        c.properties = ConnectProperties { session_expiry_interval: Some(3600), ..ConnectProperties::default() };
+        c.properties = ConnectProperties { session_expiry_interval: Some(3600), ..props };
         raw.send(Packet::Connect(Box::new(c)));
         match raw.recv() {
             Some(Packet::ConnAck(a)) => {
@@ -203,5 +207,36 @@ fn inbound_topic_alias_is_resolved_and_unknown_alias_refused() {
         Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, silt_mqtt::ReasonCode::ProtocolError),
         other => panic!("expected DISCONNECT, got {other:?}"),
     }
+    silt.stop();
+}
+
+#[test]
+fn outbound_topic_aliases_stay_within_the_clients_maximum() {
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let props = ConnectProperties { topic_alias_maximum: Some(2), ..ConnectProperties::default() };
+    let (mut sub, _) = Raw::connect_with(silt.port, "aliased", true, props);
+    sub.send(Packet::Subscribe(Subscribe {
+        packet_id: pid(1),
+        subscriptions: vec![Subscription { filter: "al/#".into(), options: SubscriptionOptions::default() }],
+        properties: SubscribeProperties::default(),
+    }));
+    assert!(matches!(sub.recv(), Some(Packet::SubAck(_))));
+    let (mut publisher, _) = Raw::connect(silt.port, "al-pub", true);
+    let topics = ["al/a", "al/b", "al/c", "al/a", "al/c"];
+    for t in topics {
+        publisher.send(Packet::Publish(Publish::new(t, &b"x"[..])));
+    }
+    let got: Vec<(String, Option<u16>)> =
+        (0..topics.len()).map(|_| sub.recv_publish()).map(|p| (p.topic, p.properties.topic_alias)).collect();
+    let want = [
+        ("al/a", Some(1)), // first use: topic and the alias it defines
+        ("al/b", Some(2)),
+        ("al/c", None), // the client allows 2 aliases: plain topic
+        ("", Some(1)),  // later: the alias alone
+        ("al/c", None),
+    ];
+    let want: Vec<(String, Option<u16>)> = want.iter().map(|(t, a)| (t.to_string(), *a)).collect();
+    assert_eq!(got, want);
     silt.stop();
 }

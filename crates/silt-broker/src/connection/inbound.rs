@@ -12,24 +12,27 @@ where
         match packet {
             Packet::Publish(p) => self.on_publish(p).await,
             Packet::PubAck(r) => {
-                self.on_ack(r.packet_id, QoS::AtLeastOnce).await;
+                if let Some(f) = self.inflight.on_puback(r.packet_id) {
+                    self.completed(r.packet_id, QoS::AtLeastOnce, f).await;
+                }
                 Ok(())
             }
             Packet::PubRec(r) => {
-                if r.reason_code.is_error() {
-                    self.on_ack(r.packet_id, QoS::ExactlyOnce).await;
-                } else if let Some(f) = self.inflight.get_mut(&r.packet_id.get()) {
-                    f.released = true;
-                    self.queue(&Packet::PubRel(PubResponse::new(r.packet_id)));
-                } else {
-                    let mut rel = PubResponse::new(r.packet_id);
-                    rel.reason_code = ReasonCode::PacketIdentifierNotFound;
-                    self.queue(&Packet::PubRel(rel));
+                match self.inflight.on_pubrec(r.packet_id, r.reason_code) {
+                    PubRecOutcome::Release => self.queue(&Packet::PubRel(PubResponse::new(r.packet_id))),
+                    PubRecOutcome::Refused(f) => self.completed(r.packet_id, QoS::ExactlyOnce, f).await,
+                    PubRecOutcome::Unknown => {
+                        let mut rel = PubResponse::new(r.packet_id);
+                        rel.reason_code = ReasonCode::PacketIdentifierNotFound;
+                        self.queue(&Packet::PubRel(rel));
+                    }
                 }
                 Ok(())
             }
             Packet::PubComp(r) => {
-                self.on_ack(r.packet_id, QoS::ExactlyOnce).await;
+                if let Some(f) = self.inflight.on_pubcomp(r.packet_id) {
+                    self.completed(r.packet_id, QoS::ExactlyOnce, f).await;
+                }
                 Ok(())
             }
             Packet::PubRel(r) => {
@@ -73,20 +76,7 @@ where
     }
 
     pub(super) async fn on_publish(&mut self, p: Publish) -> Result<(), Close> {
-        let topic = match (p.properties.topic_alias, p.topic.is_empty()) {
-            (Some(0), _) => return Err(Close::Violation(ReasonCode::TopicAliasInvalid)),
-            (Some(a), _) if a > self.topic_alias_max_in => return Err(Close::Violation(ReasonCode::TopicAliasInvalid)),
-            (Some(a), true) => match self.topic_aliases_in.get(&a) {
-                Some(t) => t.clone(),
-                None => return Err(Close::Violation(ReasonCode::ProtocolError)),
-            },
-            (Some(a), false) => {
-                self.topic_aliases_in.insert(a, p.topic.clone());
-                p.topic.clone()
-            }
-            (None, true) => return Err(Close::Violation(ReasonCode::ProtocolError)),
-            (None, false) => p.topic.clone(),
-        };
+        let topic = self.topic_aliases_in.resolve(p.properties.topic_alias, &p.topic).map_err(Close::Violation)?;
         if TopicName::new(topic.clone()).is_err() {
             return Err(Close::Violation(ReasonCode::TopicNameInvalid));
         }

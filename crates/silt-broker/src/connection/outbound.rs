@@ -34,21 +34,14 @@ where
             if self.version.is_v5() {
                 p.properties = publish_properties(&m, o.subscription_ids.clone(), Timestamp::now());
             }
-            self.inflight.insert(
-                o.packet_id,
-                Inflight { qos: QoS::ExactlyOnce, released: false, settles: o.settles(), group: None },
-            );
+            self.inflight.restore(id, QoS::ExactlyOnce, Inflight { settles: o.settles(), group: None });
             self.queue(&Packet::Publish(p));
         }
     }
 
-    /// Settles an outbound message acknowledged with PUBACK (QoS 1), PUBCOMP or an error
-    /// PUBREC (QoS 2). Acknowledgements for unknown ids or of the wrong kind are ignored.
-    pub(super) async fn on_ack(&mut self, id: PacketId, qos: QoS) {
-        if self.inflight.get(&id.get()).is_none_or(|f| f.qos != qos) {
-            return;
-        }
-        let f = self.inflight.remove(&id.get()).expect("invariant: checked above");
+    /// Settles an outbound message the client completed: PUBACK (QoS 1), PUBCOMP or an error
+    /// PUBREC (QoS 2). The in-flight window (`silt_mqtt::Outbound`) already matched the id.
+    pub(super) async fn completed(&mut self, id: PacketId, qos: QoS, f: Inflight) {
         if let Some(group) = &f.group {
             let mut g = group.lock().await;
             g.subs.settle(&f.settles);
@@ -83,7 +76,7 @@ where
         let now = Timestamp::now();
         while let Some((m, granted, sub_id)) = self.retained_queue.front().cloned() {
             let qos = QoS::from_u8(m.qos.min(granted.as_u8())).unwrap_or_default();
-            if qos != QoS::AtMostOnce && self.inflight.len() >= self.window {
+            if qos != QoS::AtMostOnce && self.inflight.room() == 0 {
                 return Ok(());
             }
             self.retained_queue.pop_front();
@@ -95,7 +88,7 @@ where
         if !self.want_pull {
             return Ok(());
         }
-        let room = self.window.saturating_sub(self.inflight.len()).min(PULL_BATCH);
+        let room = self.inflight.room().min(PULL_BATCH);
         if room == 0 {
             return Ok(());
         }
@@ -178,18 +171,15 @@ where
         p.dup = dup;
         if self.version.is_v5() {
             p.properties = publish_properties(m, ids, now);
-            self.apply_topic_alias(&mut p);
         }
-        let id = self.allocate_packet_id();
-        p.packet_id = Some(id);
-        let packet = Packet::Publish(p);
-        if packet.encoded_len(self.version).is_ok_and(|n| n as u64 > u64::from(self.client_max_packet)) {
+        let Some(mut p) = self.fit(p) else {
             let group = group.clone();
             tokio::spawn(async move { group.lock().await.subs.settle(&settles) });
             return;
-        }
-        self.inflight.insert(id.get(), Inflight { qos, released: false, settles, group: Some(group.clone()) });
-        self.queue(&packet);
+        };
+        let id = self.inflight.send(qos, Inflight { settles, group: Some(group.clone()) });
+        p.packet_id = Some(id);
+        self.queue(&Packet::Publish(p));
         self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -217,35 +207,52 @@ where
         p.dup = dup;
         if self.version.is_v5() {
             p.properties = publish_properties(m, subscription_ids.clone(), now);
-            self.apply_topic_alias(&mut p);
         }
-        let packet_id = if qos != QoS::AtMostOnce { Some(self.allocate_packet_id()) } else { None };
-        p.packet_id = packet_id;
-        let packet = Packet::Publish(p);
-        let fits = packet.encoded_len(self.version).is_ok_and(|n| n as u64 <= u64::from(self.client_max_packet));
-        if !fits {
+        let Some(mut p) = self.fit(p) else {
             // The client could not accept it: the spec says discard, as if delivered.
             tracing::debug!(client_id = %self.client_id, "message larger than the client's maximum packet size dropped");
             self.settle_now(settles);
             return;
-        }
-        if let Some(id) = packet_id {
-            if qos == QoS::ExactlyOnce
-                && let Some(entry) = entry
-            {
+        };
+        if qos != QoS::AtMostOnce {
+            let qos2 = (qos == QoS::ExactlyOnce).then(|| settles.iter().map(|(f, o)| (f.clone(), o.get())).collect());
+            let id = self.inflight.send(qos, Inflight { settles, group: None });
+            p.packet_id = Some(id);
+            if let (Some(settles), Some(entry)) = (qos2, entry) {
                 self.qos2_unpersisted.push(OutboundQos2 {
                     packet_id: id.get(),
                     position: entry.position.get(),
                     size: entry.size,
                     timestamp: entry.timestamp.get(),
-                    settles: settles.iter().map(|(f, o)| (f.clone(), o.get())).collect(),
+                    settles,
                     subscription_ids,
                 });
             }
-            self.inflight.insert(id.get(), Inflight { qos, released: false, settles, group: None });
         }
-        self.queue(&packet);
+        self.queue(&Packet::Publish(p));
         self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The PUBLISH, with its topic alias applied, if it fits the client's Maximum Packet Size
+    /// (checked before an alias is assigned, so a dropped message never defines one).
+    pub(super) fn fit(&mut self, mut p: Publish) -> Option<Publish> {
+        if p.qos != QoS::AtMostOnce {
+            p.packet_id = PacketId::new(1); // same encoded size as the real id
+        }
+        let packet = Packet::Publish(p);
+        if !packet.encoded_len(self.version).is_ok_and(|n| n as u64 <= u64::from(self.client_max_packet)) {
+            return None;
+        }
+        let Packet::Publish(mut p) = packet else { unreachable!("invariant: built as a PUBLISH") };
+        p.packet_id = None;
+        if self.version.is_v5() {
+            let (alias, send_topic) = self.topic_aliases_out.apply(&p.topic);
+            p.properties.topic_alias = alias;
+            if !send_topic {
+                p.topic.clear();
+            }
+        }
+        Some(p)
     }
 
     /// Settles a message that will not be sent (denied by an ACL, too large for the client).
@@ -253,30 +260,6 @@ where
         if !settles.is_empty() {
             let session = self.session.clone();
             tokio::spawn(async move { session.lock().await.subs.settle(&settles) });
-        }
-    }
-
-    pub(super) fn apply_topic_alias(&mut self, p: &mut Publish) {
-        if self.topic_alias_max_out == 0 {
-            return;
-        }
-        if let Some(&a) = self.topic_aliases_out.get(&p.topic) {
-            p.properties.topic_alias = Some(a);
-            p.topic.clear();
-        } else if self.topic_aliases_out.len() < usize::from(self.topic_alias_max_out) {
-            let a = self.topic_aliases_out.len() as u16 + 1;
-            self.topic_aliases_out.insert(p.topic.clone(), a);
-            p.properties.topic_alias = Some(a);
-        }
-    }
-
-    pub(super) fn allocate_packet_id(&mut self) -> PacketId {
-        loop {
-            let id = self.next_packet_id;
-            self.next_packet_id = if id == u16::MAX { 1 } else { id + 1 };
-            if !self.inflight.contains_key(&id) {
-                return PacketId::new(id).expect("invariant: ids start at 1 and skip 0");
-            }
         }
     }
 }
