@@ -143,3 +143,67 @@ fn persistent_session_gets_offline_messages_after_restart() {
     assert_eq!(got, want);
     silt.stop();
 }
+
+/// mosquitto_pub's exit status and stderr, for refusals.
+fn mosquitto_pub_result(port: u16, version: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-V", version])
+        .args(args)
+        .output()
+        .expect("mosquitto_pub is installed by scripts/test.sh");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn passwords_and_acls_with_the_mosquitto_clients_in_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let passwd = dir.path().join("passwd");
+    let add = Command::new(env!("CARGO_BIN_EXE_silt"))
+        .args(["passwd"])
+        .arg(&passwd)
+        .arg("sensor")
+        .stdin(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b"hunter2\n")?;
+            c.wait()
+        })
+        .unwrap();
+    assert!(add.success());
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, "user sensor\ntopic readwrite telemetry/#\n").unwrap();
+    let cfg = dir.path().join("silt.toml");
+    std::fs::write(
+        &cfg,
+        format!("[mqtt.auth]\npassword_file = {:?}\nacl_file = {:?}\n", passwd.display(), acl.display()),
+    )
+    .unwrap();
+    let silt = Silt::start_with(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    for version in ["mqttv311", "mqttv5"] {
+        let (ok, err) =
+            mosquitto_pub_result(silt.port, version, &["-u", "sensor", "-P", "wrong", "-t", "telemetry/x", "-m", "1"]);
+        assert!(!ok, "{version}: a wrong password is refused");
+        assert!(
+            err.to_lowercase().contains("not authorised") || err.to_lowercase().contains("bad user"),
+            "{version}: {err}"
+        );
+        let sub =
+            mosquitto_sub(silt.port, version, 1, &["-u", "sensor", "-P", "hunter2", "-t", "telemetry/#", "-q", "1"]);
+        mosquitto_pub(
+            silt.port,
+            version,
+            &["-u", "sensor", "-P", "hunter2", "-t", "telemetry/t1", "-m", "ok", "-q", "1"],
+        );
+        assert_eq!(lines(sub), ["ok"], "{version}");
+    }
+    // MQTT 5: a publish outside the ACL is refused with a reason code mosquitto_pub reports.
+    let (ok, err) = mosquitto_pub_result(
+        silt.port,
+        "mqttv5",
+        &["-u", "sensor", "-P", "hunter2", "-t", "admin/x", "-m", "1", "-q", "1"],
+    );
+    assert!(ok, "the connection itself is fine");
+    assert!(err.contains("Publish 1 failed: Not authorized"), "PUBACK 0x87 reported: {err}");
+    silt.stop();
+}
