@@ -376,3 +376,45 @@ fn rumqttc_v5_properties_and_subscription_ids_round_trip() {
     });
     silt.stop();
 }
+
+#[test]
+fn rumqttc_retained_messages_and_wills() {
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let port = silt.port;
+    runtime().block_on(async {
+        // A retained message, then a subscriber that arrives later.
+        let (p, mut pev) = AsyncClient::new(options("ret-pub", port, true), 10);
+        p.publish("ret/state", QoS::AtLeastOnce, true, "on").await.unwrap();
+        until(&mut pev, 10, |e| matches!(e, Event::Incoming(Packet::PubAck(_)))).await;
+        let (s, mut sev) = AsyncClient::new(options("ret-sub", port, true), 10);
+        s.subscribe("ret/#", QoS::AtLeastOnce).await.unwrap();
+        let mut retained = None;
+        until(&mut sev, 10, |e| {
+            if let Event::Incoming(Packet::Publish(m)) = e {
+                retained = Some((m.topic.clone(), m.payload.clone(), m.retain));
+            }
+            retained.is_some()
+        })
+        .await;
+        assert_eq!(retained, Some(("ret/state".to_string(), bytes::Bytes::from_static(b"on"), true)));
+
+        // A client with a will drops its connection without DISCONNECT: the will arrives.
+        let mut o = options("ret-dying", port, true);
+        o.set_last_will(rumqttc::LastWill::new("ret/will", "gone", QoS::AtLeastOnce, false));
+        let (dying, mut dev) = AsyncClient::new(o, 10);
+        until(&mut dev, 10, |e| matches!(e, Event::Incoming(Packet::ConnAck(_)))).await;
+        drop(dying);
+        drop(dev); // the socket closes abruptly
+        let mut will = None;
+        until(&mut sev, 10, |e| {
+            if let Event::Incoming(Packet::Publish(m)) = e {
+                will = Some((m.topic.clone(), m.payload.clone()));
+            }
+            will.is_some()
+        })
+        .await;
+        assert_eq!(will, Some(("ret/will".to_string(), bytes::Bytes::from_static(b"gone"))));
+    });
+    silt.stop();
+}
