@@ -204,6 +204,8 @@ pub struct Broker {
     state: Mutex<State>,
     retained: RwLock<RetainedStore>,
     next_conn: AtomicU64,
+    /// Serializes filter-queue reference changes with their registration in storage.
+    filter_lock: tokio::sync::Mutex<()>,
     /// Per-session backlogs last published under `$SYS/broker/sessions/`.
     pub(crate) sys_backlogs: Mutex<HashMap<String, u64>>,
 }
@@ -300,6 +302,7 @@ impl Broker {
             state: Mutex::new(state),
             retained: RwLock::new(retained),
             next_conn: AtomicU64::new(1),
+            filter_lock: tokio::sync::Mutex::new(()),
             sys_backlogs: Mutex::new(HashMap::new()),
         }))
     }
@@ -379,6 +382,7 @@ impl Broker {
         let Some((_, filter)) = parse_shared(key) else {
             return Err(silt_storage::Error::Invalid(format!("not a shared subscription: {key}")));
         };
+        let _filters = self.filter_lock.lock().await;
         let existing = self.group(key);
         let group = match existing {
             Some(g) => g,
@@ -417,6 +421,7 @@ impl Broker {
         if session.shared.insert(key.to_owned(), membership).is_none() {
             group.lock().await.members += 1;
         }
+        drop(_filters);
         self.persist_group(&group).await?;
         self.router.add(conn, notify, &filter);
         session.dirty = true;
@@ -437,6 +442,9 @@ impl Broker {
     }
 
     async fn leave_group(&self, key: &str) {
+        // Under the filter lock, so that a member joining concurrently either finds the group
+        // still alive or creates a new one after this one is gone.
+        let _filters = self.filter_lock.lock().await;
         let Some(group) = self.group(key) else { return };
         let empty = {
             let mut g = group.lock().await;
@@ -449,7 +457,7 @@ impl Broker {
         self.state().groups.remove(key);
         let _ = self.storage.append(&[SessionSnapshot::tombstone(key, Timestamp::now())]).await;
         if let Some((_, f)) = parse_shared(key) {
-            self.release_filter(&f).await;
+            self.release_filter_locked(&f).await;
         }
     }
 
@@ -479,18 +487,15 @@ impl Broker {
             state.sent = existing.state.sent;
             existing.state = state;
         } else {
-            let first_ref = {
-                let mut st = self.state();
-                let n = st.filter_refs.entry(filter.as_str().to_owned()).or_default();
-                *n += 1;
-                *n == 1
-            };
+            // Taking a reference and registering happen under the filter lock, so a concurrent
+            // release of the last reference cannot drop the queue from under this subscription.
+            let _filters = self.filter_lock.lock().await;
+            *self.state().filter_refs.entry(filter.as_str().to_owned()).or_default() += 1;
             let id = if filter.has_wildcard() {
                 Some(self.storage.register_filter(filter).await?)
             } else {
                 self.storage.queue_id(&queue)?
             };
-            let _ = first_ref;
             let end = match id {
                 Some(id) => self.storage.queue_bounds(id)?.1,
                 None => Offset(0),
@@ -516,6 +521,13 @@ impl Broker {
     }
 
     async fn release_filter(&self, filter: &TopicFilter) {
+        // Held until the queue is dropped: see `subscribe`.
+        let _filters = self.filter_lock.lock().await;
+        self.release_filter_locked(filter).await;
+    }
+
+    /// [`Self::release_filter`] for a caller that holds the filter lock.
+    async fn release_filter_locked(&self, filter: &TopicFilter) {
         let last = {
             let mut st = self.state();
             match st.filter_refs.get_mut(filter.as_str()) {

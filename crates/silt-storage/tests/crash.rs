@@ -126,12 +126,21 @@ fn acknowledged_records_survive_sigkill() {
             }
             assert!(Instant::now() < deadline);
         }
+        // Kill at a random moment after the first acknowledgement (on a loaded machine the
+        // appenders may need a while to get going).
+        let first_ack = loop {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(l) if l.starts_with("ACK") => break l,
+                Ok(_) => {}
+                Err(e) => panic!("cycle {cycle}: the child acknowledged nothing: {e}"),
+            }
+        };
         std::thread::sleep(Duration::from_millis(rng.random_range(20..400)));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         reader.join().unwrap();
         let mut acks = HashMap::new();
-        for line in rx.try_iter() {
+        for line in std::iter::once(first_ack).chain(rx.try_iter()) {
             let parts: Vec<&str> = line.split(' ').collect();
             if let ["ACK", t, seq, pos] = parts[..] {
                 acks.insert((t.parse().unwrap(), seq.parse().unwrap()), LogPosition(pos.parse().unwrap()));

@@ -26,7 +26,7 @@ impl Silt {
             .args(["serve", "--mqtt", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(extra)
-            .env("SILT_LOG", "info")
+            .env("SILT_LOG", std::env::var("SILT_TEST_LOG").unwrap_or_else(|_| "info".into()))
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -90,6 +90,12 @@ impl Silt {
 
 impl Drop for Silt {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The broker's side of a failed test.
+            for line in self.log.lock().map(|l| l.clone()).unwrap_or_default() {
+                eprintln!("silt: {line}");
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
