@@ -418,12 +418,15 @@ impl Broker {
                 st.groups.entry(key.to_owned()).or_insert(g).clone()
             }
         };
-        if session.shared.insert(key.to_owned(), membership).is_none() {
+        let joined = session.shared.insert(key.to_owned(), membership).is_none();
+        if joined {
             group.lock().await.members += 1;
         }
         drop(_filters);
         self.persist_group(&group).await?;
-        self.router.add(conn, notify, &filter);
+        if joined {
+            self.router.add(conn, notify, &filter);
+        }
         session.dirty = true;
         Ok(())
     }
@@ -490,7 +493,6 @@ impl Broker {
             // Taking a reference and registering happen under the filter lock, so a concurrent
             // release of the last reference cannot drop the queue from under this subscription.
             let _filters = self.filter_lock.lock().await;
-            *self.state().filter_refs.entry(filter.as_str().to_owned()).or_default() += 1;
             let id = if filter.has_wildcard() {
                 Some(self.storage.register_filter(filter).await?)
             } else {
@@ -500,11 +502,14 @@ impl Broker {
                 Some(id) => self.storage.queue_bounds(id)?.1,
                 None => Offset(0),
             };
+            // Counted only once registration succeeded, so a failed SUBSCRIBE leaks no reference.
+            *self.state().filter_refs.entry(filter.as_str().to_owned()).or_default() += 1;
             state.cursor = end.get();
             state.sent = end.get();
             session.subs.subs.insert(filter.as_str().to_owned(), Subscription::new(state, queue));
+            // A replaced subscription is already routed; routing it again would count it twice.
+            self.router.add(conn, notify, filter);
         }
-        self.router.add(conn, notify, filter);
         session.dirty = true;
         Ok(())
     }
