@@ -7,10 +7,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use silt_storage::{Appended, DispatchListener, Dispatched, IndexEntry, Storage};
-use silt_types::{Offset, Timestamp, TopicFilter, TopicTrie};
+use silt_types::{LogPosition, Offset, Timestamp, TopicFilter, TopicTrie};
 use tokio::sync::Notify;
 
 use crate::config::MqttConfig;
@@ -208,7 +208,31 @@ pub struct Broker {
     filter_lock: tokio::sync::Mutex<()>,
     /// Per-session backlogs last published under `$SYS/broker/sessions/`.
     pub(crate) sys_backlogs: Mutex<HashMap<String, u64>>,
+    /// `$SYS/broker/...` figures as last published.
+    pub(crate) sys_figures: Mutex<HashMap<String, String>>,
+    /// Topics whose acknowledgements wait for the object store (set by the server).
+    object_ack: OnceLock<Arc<dyn ObjectAck>>,
+    /// Extra `$SYS/broker/...` figures (name, value), e.g. tiering's.
+    pub(crate) extra_stats: OnceLock<ExtraStats>,
+    /// Serializes dumps of the internal streams.
+    dump_lock: tokio::sync::Mutex<()>,
 }
+
+/// Extra `$SYS/broker/{name}` figures, produced on each statistics tick.
+pub type ExtraStats = Box<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
+
+/// Acknowledgement durability beyond the local log: for the topics it names, a QoS 1/2
+/// publish is acknowledged only once `wait` resolves (the object store holds the data).
+pub trait ObjectAck: Send + Sync + 'static {
+    fn required(&self, topic: &str) -> bool;
+    fn wait(
+        &self,
+        end: LogPosition,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = silt_storage::Result<()>> + Send>>;
+}
+
+/// Resolves once a submitted message is durable (see [`Broker::submit`]).
+pub type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = silt_storage::Result<Appended>> + Send>>;
 
 /// What [`Broker::connect`] decided.
 pub struct Connected {
@@ -304,6 +328,10 @@ impl Broker {
             next_conn: AtomicU64::new(1),
             filter_lock: tokio::sync::Mutex::new(()),
             sys_backlogs: Mutex::new(HashMap::new()),
+            sys_figures: Mutex::new(HashMap::new()),
+            object_ack: OnceLock::new(),
+            extra_stats: OnceLock::new(),
+            dump_lock: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -689,11 +717,66 @@ impl Broker {
 
     /// Hands a message to the log in order and returns a future that resolves once it is
     /// durable (and, for a retained message, once the retained index points at it).
-    pub async fn submit(
-        self: &Arc<Self>,
-        message: &Message,
-    ) -> silt_storage::Result<std::pin::Pin<Box<dyn std::future::Future<Output = silt_storage::Result<Appended>> + Send>>>
-    {
+    pub async fn submit(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
+        let ack = self.submit_local(message).await?;
+        // QoS 0 has no acknowledgement to hold back.
+        match self.object_ack.get().filter(|g| message.qos > 0 && g.required(&message.topic)) {
+            None => Ok(ack),
+            Some(gate) => {
+                let gate = gate.clone();
+                Ok(Box::pin(async move {
+                    let appended = ack.await?;
+                    gate.wait(appended.end).await?;
+                    Ok(appended)
+                }))
+            }
+        }
+    }
+
+    /// Makes acknowledgements of the topics `gate` names wait for it.
+    pub fn set_object_ack(&self, gate: Arc<dyn ObjectAck>) {
+        let _ = self.object_ack.set(gate);
+    }
+
+    /// Adds figures to `$SYS/broker/`.
+    pub fn set_extra_stats(&self, stats: ExtraStats) {
+        let _ = self.extra_stats.set(stats);
+    }
+
+    /// The lowest log position holding internal state the broker still needs: the newest
+    /// dumps of sessions and retained pointers, and the records retained messages point at.
+    /// Retention may delete only below it.
+    pub fn internal_floor(&self) -> silt_storage::Result<LogPosition> {
+        let mut floor = self.storage.stats().log_end;
+        for stream in [SESSIONS_STREAM, RETAINED_STREAM] {
+            if let Some(p) = internal::floor(&self.storage, stream)? {
+                floor = floor.min(p);
+            }
+        }
+        let retained = self.retained.read().expect("invariant: lock not poisoned").dump();
+        for r in retained {
+            if let Ok(b) = <[u8; 8]>::try_from(&r.value[..8.min(r.value.len())]) {
+                floor = floor.min(LogPosition(u64::from_be_bytes(b)));
+            }
+        }
+        Ok(floor)
+    }
+
+    /// Writes fresh dumps of the sessions and retained pointers, so the internal floor moves
+    /// up to the end of the log (except for old retained messages, which stay where they are).
+    pub async fn dump_internal(&self) -> silt_storage::Result<()> {
+        let _guard = self.dump_lock.lock().await;
+        let start = internal::stream_end(&self.storage, RETAINED_STREAM)?;
+        let dump = self.retained.read().expect("invariant: lock not poisoned").dump();
+        for chunk in dump.chunks(1000) {
+            self.storage.append(chunk).await?;
+        }
+        self.storage.append(&[internal::checkpoint_record(RETAINED_STREAM, start)]).await?;
+        self.persist_all().await;
+        Ok(())
+    }
+
+    async fn submit_local(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
         let record = message.to_record();
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         if !message.retain {

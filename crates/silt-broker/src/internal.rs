@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 use silt_storage::{IndexEntry, QueueName, Record, Storage};
-use silt_types::{Offset, Partition, Timestamp};
+use silt_types::{LogPosition, Offset, Partition, Timestamp};
 
 /// Internal stream of checkpoint markers (key: the stream dumped, value: u64 BE offset).
 pub const CHECKPOINT_STREAM: &str = "__silt_checkpoints";
@@ -52,15 +52,36 @@ pub fn scan(
 
 /// Where the newest full dump of `stream` starts (0 if there is none).
 pub fn checkpoint(storage: &Storage, stream: &str) -> silt_storage::Result<Offset> {
-    let mut start = Offset(0);
-    scan(storage, CHECKPOINT_STREAM, Offset(0), |_, r| {
+    Ok(newest_marker(storage, stream)?.map_or(Offset(0), |(start, _)| start))
+}
+
+/// The newest checkpoint marker of `stream`: the dump's start offset and the marker's position.
+fn newest_marker(storage: &Storage, stream: &str) -> silt_storage::Result<Option<(Offset, LogPosition)>> {
+    let mut found = None;
+    scan(storage, CHECKPOINT_STREAM, Offset(0), |e, r| {
         if r.key.as_deref() == Some(stream.as_bytes())
             && let Ok(b) = <[u8; 8]>::try_from(r.value.as_ref())
         {
-            start = Offset(u64::from_be_bytes(b));
+            found = Some((Offset(u64::from_be_bytes(b)), e.position));
         }
     })?;
-    Ok(start)
+    Ok(found)
+}
+
+/// The lowest log position start-up still reads for `stream`: its newest dump (and the
+/// marker naming it), or its first record when it was never dumped. `None`: nothing needed.
+pub fn floor(storage: &Storage, stream: &str) -> silt_storage::Result<Option<LogPosition>> {
+    let Some(id) = storage.queue_id(&partition0(stream))? else { return Ok(None) };
+    let (first, end) = storage.queue_bounds(id)?;
+    let (from, marker) = match newest_marker(storage, stream)? {
+        Some((start, at)) => (start.max(first), Some(at)),
+        None => (first, None),
+    };
+    let dump = if from < end { storage.read_index(id, from, 1)?.first().map(|(_, e)| e.position) } else { None };
+    Ok(match (dump, marker) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    })
 }
 
 /// The marker saying a full dump of `stream` starts at `start`.

@@ -27,6 +27,6 @@ pub mod server;
 pub mod session;
 mod sys;
 
-pub use broker::{Broker, Router};
+pub use broker::{AckFuture, Broker, ExtraStats, ObjectAck, Router};
 pub use config::{MqttConfig, TlsListenerConfig, WsListenerConfig, WssListenerConfig};
 pub use message::Message;

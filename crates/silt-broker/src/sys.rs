@@ -1,5 +1,6 @@
 //! `$SYS/broker/...` statistics, published as retained messages like mosquitto's, so a
-//! subscriber to `$SYS/#` sees the current figures at once.
+//! subscriber to `$SYS/#` sees the current figures at once. A figure is published when it
+//! changes (checked every `sys_interval_secs`).
 //!
 //! Each session's backlog (messages waiting between its cursors and the end of its queues) is
 //! published as `$SYS/broker/sessions/{client id}/backlog` when it changes, and cleared when
@@ -40,7 +41,7 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
         let value = backlog.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
         publish_retained(broker, format!("$SYS/broker/sessions/{}/backlog", encode_level(&id)), value).await;
     }
-    let figures: Vec<(&str, String)> = vec![
+    let mut figures: Vec<(String, String)> = [
         ("version", format!("silt {}", env!("CARGO_PKG_VERSION"))),
         ("clients/connected", s.connections.load(Ordering::Relaxed).to_string()),
         ("sessions/total", broker.session_count().to_string()),
@@ -51,8 +52,20 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
         ("bytes/sent", s.bytes_sent.load(Ordering::Relaxed).to_string()),
         ("retained messages/count", broker.retained_count().to_string()),
         ("store/log bytes", (storage.log_end.get() - storage.log_start.get()).to_string()),
-    ];
-    for (name, value) in figures {
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    if let Some(extra) = broker.extra_stats.get() {
+        figures.extend(extra());
+    }
+    // Each figure is a retained message in the log: write only what changed, so an idle
+    // broker writes nothing (and has nothing left to upload).
+    let changed: Vec<(String, String)> = {
+        let mut last = broker.sys_figures.lock().expect("invariant: lock not poisoned");
+        figures.into_iter().filter(|(k, v)| last.insert(k.clone(), v.clone()).as_ref() != Some(v)).collect()
+    };
+    for (name, value) in changed {
         publish_retained(broker, format!("$SYS/broker/{name}"), Bytes::from(value)).await;
     }
 }

@@ -27,7 +27,7 @@ use crate::dispatch::{DispatchListener, Dispatcher, OP_DROP_FILTER, OP_REGISTER_
 use crate::error::{Error, Result};
 use crate::format::{self, Record};
 use crate::index::{Index, IndexEntry, QueueName};
-use crate::log::{Appended, LogShared, PendingAppend, SealedSegment, Writer, WriterMsg};
+use crate::log::{Appended, ColdReader, LogShared, PendingAppend, SealedSegment, Writer, WriterMsg};
 
 /// Resolves when a submitted batch is durable (see [`Storage::submit`]).
 #[must_use = "the append is acknowledged only when this resolves"]
@@ -159,6 +159,9 @@ impl Storage {
         if self.log.has_failed() || self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
+        if self.log.is_fenced() {
+            return Err(Error::Fenced);
+        }
         let batch = format::encode_batch(records, self.log.config.max_batch_bytes as usize)?;
         let n = (batch.frame.len() as u64).min(self.log.config.max_pending_bytes) as u32;
         let permit = self.pending.clone().acquire_many_owned(n).await.map_err(|_| Error::Closed)?;
@@ -237,12 +240,28 @@ impl Storage {
         let index = self.index()?;
         let next = index.last_offset(id)?.map_or(Offset(0), Offset::next);
         let first = index.first_offset(id)?.unwrap_or(next);
+        let floor = self.log.floor();
+        if floor > LogPosition(0) && first < next {
+            return Ok((first_held(&index, id, first, next, floor)?, next));
+        }
         Ok((first, next))
     }
 
-    /// Up to `max` index entries of a queue from offset `from`.
+    /// Up to `max` index entries of a queue from offset `from`. Entries that point below the
+    /// retention floor are skipped: a reader behind retention continues at the first entry
+    /// still held.
     pub fn read_index(&self, id: QueueId, from: Offset, max: usize) -> Result<Vec<(Offset, IndexEntry)>> {
-        self.index()?.read(id, from, max)
+        let index = self.index()?;
+        let out = index.read(id, from, max)?;
+        let floor = self.log.floor();
+        match out.first() {
+            Some((_, e)) if e.position < floor => {
+                let next = index.last_offset(id)?.map_or(Offset(0), Offset::next);
+                let first = first_held(&index, id, from, next, floor)?;
+                index.read(id, first, max)
+            }
+            _ => Ok(out),
+        }
     }
 
     /// The record an index entry points at. Payload bytes are shared, not copied.
@@ -259,6 +278,60 @@ impl Storage {
     /// Raw bytes of the log (for tiering and tests).
     pub fn read_log(&self, pos: LogPosition, len: usize) -> Result<Bytes> {
         self.log.read(pos, len)
+    }
+
+    /// Seals the active segment now if it holds anything. Returns the position every sealed
+    /// segment ends at: everything appended before the call lies below it.
+    pub async fn roll(&self) -> Result<LogPosition> {
+        let (tx, rx) = oneshot::channel();
+        self.writer_tx.send(WriterMsg::Roll(tx)).map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Where reads of segments no longer on the local disk go (set once, by tiering).
+    pub fn set_cold_reader(&self, reader: Arc<dyn ColdReader>) -> bool {
+        self.log.set_cold_reader(reader)
+    }
+
+    /// Drops the local copy of a sealed segment that the object store holds. Refused (false)
+    /// while a restart could still need to re-index it from the local file: the index is
+    /// flushed first and must be past the segment's end.
+    pub fn evict_segment(&self, segment: &SealedSegment) -> Result<bool> {
+        let index = self.index()?;
+        if self.dispatched() < segment.end {
+            return Ok(false);
+        }
+        index.flush(true)?;
+        if index.checkpoint()?.is_none_or(|c| c < segment.end) {
+            return Ok(false);
+        }
+        self.log.evict(segment.base)
+    }
+
+    /// Retention: positions below `pos` are gone; local segments wholly below it are deleted.
+    pub fn truncate_before(&self, pos: LogPosition) -> Result<usize> {
+        self.log.truncate_before(pos)
+    }
+
+    /// Moves a position at the end of a sealed segment (or on a segment header) to the first
+    /// batch of the next segment.
+    pub fn normalize(&self, pos: LogPosition) -> LogPosition {
+        self.log.normalize(pos)
+    }
+
+    /// Positions below this were deleted by retention.
+    pub fn floor(&self) -> LogPosition {
+        self.log.floor()
+    }
+
+    /// Stops accepting appends for good (another node owns the log's object-store prefix).
+    pub fn fence(&self) {
+        self.log.fence();
+    }
+
+    /// Whether appends are refused after a fatal error or fencing.
+    pub fn has_failed(&self) -> bool {
+        self.log.has_failed() || self.log.is_fenced()
     }
 
     /// Told of every segment sealed from now on.
@@ -318,6 +391,21 @@ fn control(op: u8, filter: &TopicFilter) -> Record {
     value.push(op);
     value.extend_from_slice(filter.as_str().as_bytes());
     Record { timestamp: Timestamp::now(), value: Bytes::from(value), control: true, ..Record::default() }
+}
+
+/// The first offset in `[from, next)` whose entry lies at or above `floor` (offsets of a queue
+/// are dense and their positions grow, so a binary search finds it).
+fn first_held(index: &Index, id: QueueId, from: Offset, next: Offset, floor: LogPosition) -> Result<Offset> {
+    let (mut lo, mut hi) = (from.get(), next.get());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match index.read(id, Offset(mid), 1)?.first() {
+            Some((o, e)) if e.position < floor => lo = o.get() + 1,
+            Some((o, _)) => hi = o.get().min(mid),
+            None => hi = mid,
+        }
+    }
+    Ok(Offset(lo))
 }
 
 /// Deletes the index directory and opens an empty one.

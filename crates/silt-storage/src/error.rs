@@ -13,6 +13,8 @@ pub enum ErrorKind {
     Corrupt,
     /// The engine is shut down or has stopped after a fatal I/O error.
     Closed,
+    /// The data was deleted by retention.
+    Expired,
     /// An I/O or index failure.
     Internal,
 }
@@ -31,6 +33,12 @@ pub enum Error {
     Index(#[from] rocksdb::Error),
     #[error("position {0} is not in the log")]
     NotFound(u64),
+    #[error("position {0} was deleted by retention")]
+    Expired(u64),
+    #[error("object store: {0}")]
+    Remote(String),
+    #[error("another node owns this log's object-store prefix (fenced); writes are refused")]
+    Fenced,
     #[error("storage is closed")]
     Closed,
 }
@@ -40,8 +48,9 @@ impl Error {
         match self {
             Error::Invalid(_) | Error::Format(_) => ErrorKind::InvalidInput,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
-            Error::Closed => ErrorKind::Closed,
-            Error::Io { .. } | Error::Index(_) | Error::NotFound(_) => ErrorKind::Internal,
+            Error::Closed | Error::Fenced => ErrorKind::Closed,
+            Error::Expired(_) => ErrorKind::Expired,
+            Error::Io { .. } | Error::Index(_) | Error::NotFound(_) | Error::Remote(_) => ErrorKind::Internal,
         }
     }
 

@@ -193,7 +193,7 @@ impl Record {
 
 /// The fields dispatch needs, read without allocating or slicing the payload.
 #[derive(Debug)]
-pub(crate) struct RecordHead<'a> {
+pub struct RecordHead<'a> {
     pub control: bool,
     pub timestamp: Timestamp,
     pub partition: Partition,

@@ -21,6 +21,7 @@ mod error;
 pub mod format;
 mod index;
 mod log;
+mod restore;
 mod segment;
 mod tail;
 
@@ -30,4 +31,5 @@ pub use engine::{PendingAppendAck, Storage, StorageStats};
 pub use error::{Error, ErrorKind, Result};
 pub use format::Record;
 pub use index::{IndexEntry, QueueName};
-pub use log::{Appended, SealedSegment};
+pub use log::{Appended, ColdReader, SealedSegment};
+pub use restore::{install_segment, log_dir, start_segment};

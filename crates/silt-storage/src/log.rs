@@ -16,9 +16,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -58,7 +58,16 @@ pub(crate) enum WriterMsg {
     Append(PendingAppend),
     /// Fsync now and answer.
     Sync(oneshot::Sender<Result<()>>),
+    /// Seal the active segment if it holds anything; answer with the position everything
+    /// sealed ends at.
+    Roll(oneshot::Sender<Result<LogPosition>>),
     Shutdown,
+}
+
+/// Reads log bytes that are no longer on the local disk (evicted after upload): the tiering
+/// layer's ranged reads from the object store. Called from any thread, blocking.
+pub trait ColdReader: Send + Sync + 'static {
+    fn read(&self, pos: LogPosition, len: usize) -> Result<Bytes>;
 }
 
 /// State shared by the writer, the dispatcher and readers.
@@ -72,6 +81,11 @@ pub(crate) struct LogShared {
     end_moved: Condvar,
     failed: AtomicBool,
     sealed_subscribers: Mutex<Vec<mpsc::UnboundedSender<SealedSegment>>>,
+    /// Another node owns the log's object-store prefix: appends are refused.
+    fenced: AtomicBool,
+    /// Positions below this are gone (retention): reads of them fail with `Expired`.
+    floor: AtomicU64,
+    cold: OnceLock<Arc<dyn ColdReader>>,
 }
 
 impl LogShared {
@@ -126,6 +140,9 @@ impl LogShared {
             segments: RwLock::new(segments),
             failed: AtomicBool::new(false),
             sealed_subscribers: Mutex::new(Vec::new()),
+            fenced: AtomicBool::new(false),
+            floor: AtomicU64::new(0),
+            cold: OnceLock::new(),
         });
         Ok((shared, active))
     }
@@ -163,6 +180,14 @@ impl LogShared {
         self.failed.load(Ordering::Acquire)
     }
 
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::Release);
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
     pub fn subscribe_sealed(&self) -> mpsc::UnboundedReceiver<SealedSegment> {
         let (tx, rx) = mpsc::unbounded_channel();
         self.sealed_subscribers.lock().expect("invariant: lock not poisoned").push(tx);
@@ -178,9 +203,56 @@ impl LogShared {
             .collect()
     }
 
+    /// The local segment holding `pos`, if it is on this disk (not evicted).
     fn segment_for(&self, pos: LogPosition) -> Option<Arc<Segment>> {
         let segs = self.segments.read().expect("invariant: lock not poisoned");
-        segs.range(..=pos.get()).next_back().map(|(_, s)| s.clone())
+        segs.range(..=pos.get()).next_back().filter(|(_, s)| pos < s.end() || !s.is_sealed()).map(|(_, s)| s.clone())
+    }
+
+    /// Positions below the returned one were deleted by retention.
+    pub fn floor(&self) -> LogPosition {
+        LogPosition(self.floor.load(Ordering::Acquire))
+    }
+
+    pub fn set_cold_reader(&self, reader: Arc<dyn ColdReader>) -> bool {
+        self.cold.set(reader).is_ok()
+    }
+
+    /// Drops the local copy of a sealed segment (it lives on in the object store). Never the
+    /// active segment. Returns whether a segment was removed.
+    pub fn evict(&self, base: LogPosition) -> Result<bool> {
+        let removed = {
+            let mut segs = self.segments.write().expect("invariant: lock not poisoned");
+            let last = segs.last_key_value().map(|(k, _)| *k);
+            match segs.get(&base.get()) {
+                Some(s) if s.is_sealed() && last != Some(base.get()) => segs.remove(&base.get()),
+                _ => None,
+            }
+        };
+        let Some(seg) = removed else { return Ok(false) };
+        // Readers holding the segment keep their mapping; the file goes when they drop it.
+        std::fs::remove_file(&seg.path).map_err(Error::io("remove evicted segment", &seg.path))?;
+        Ok(true)
+    }
+
+    /// Retention: forgets every position below `pos` and deletes the local segments that end
+    /// at or before it. Never moves backwards; never deletes the active segment.
+    pub fn truncate_before(&self, pos: LogPosition) -> Result<usize> {
+        self.floor.fetch_max(pos.get(), Ordering::AcqRel);
+        let removed: Vec<Arc<Segment>> = {
+            let mut segs = self.segments.write().expect("invariant: lock not poisoned");
+            let last = segs.last_key_value().map(|(k, _)| *k);
+            let doomed: Vec<u64> = segs
+                .iter()
+                .filter(|(k, s)| Some(**k) != last && s.is_sealed() && s.end() <= pos)
+                .map(|(k, _)| *k)
+                .collect();
+            doomed.into_iter().filter_map(|k| segs.remove(&k)).collect()
+        };
+        for seg in &removed {
+            std::fs::remove_file(&seg.path).map_err(Error::io("remove expired segment", &seg.path))?;
+        }
+        Ok(removed.len())
     }
 
     /// Moves a position that sits at the end of a sealed segment (or on a segment header) to the
@@ -210,13 +282,19 @@ impl LogShared {
     /// Reads `len` bytes at `pos`: from the tail cache when it holds them, else from the
     /// segment file.
     pub fn read(&self, pos: LogPosition, len: usize) -> Result<Bytes> {
+        if pos < self.floor() {
+            return Err(Error::Expired(pos.get()));
+        }
         if let Some(b) = self.tail.lock().expect("invariant: lock not poisoned").get(pos, len) {
             return Ok(b);
         }
         if pos.add(len as u64) > self.end() {
             return Err(Error::NotFound(pos.get()));
         }
-        self.segment_for(pos).ok_or(Error::NotFound(pos.get()))?.read(pos, len)
+        match self.segment_for(pos) {
+            Some(seg) => seg.read(pos, len),
+            None => self.cold.get().ok_or(Error::NotFound(pos.get()))?.read(pos, len),
+        }
     }
 
     /// Reads the whole batch frame starting at `pos` (a normalized batch position below the end).
@@ -272,6 +350,7 @@ impl Writer {
             };
             let mut appends = Vec::new();
             let mut syncs = Vec::new();
+            let mut rolls = Vec::new();
             let mut bytes = 0usize;
             let mut next = first;
             while let Some(msg) = next.take() {
@@ -281,6 +360,7 @@ impl Writer {
                         appends.push(p);
                     }
                     WriterMsg::Sync(tx) => syncs.push(tx),
+                    WriterMsg::Roll(tx) => rolls.push(tx),
                     WriterMsg::Shutdown => {
                         shutdown = true;
                         break;
@@ -299,6 +379,19 @@ impl Writer {
                 self.shared.failed.store(true, Ordering::Release);
                 self.fail_remaining();
                 return;
+            }
+            if !rolls.is_empty() {
+                let rolled = if self.active.len() > SEGMENT_HEADER_LEN { self.roll() } else { Ok(()) };
+                let answer = rolled.as_ref().map(|_| self.active.base).map_err(|_| Error::Closed);
+                for tx in rolls {
+                    let _ = tx.send(answer.as_ref().map(|p| *p).map_err(|_| Error::Closed));
+                }
+                if let Err(e) = rolled {
+                    tracing::error!(error = %e, "commitlog roll failed; refusing further appends");
+                    self.shared.failed.store(true, Ordering::Release);
+                    self.fail_remaining();
+                    return;
+                }
             }
             if !shutdown
                 && self.active.len() > SEGMENT_HEADER_LEN
@@ -401,6 +494,9 @@ impl Writer {
                     let _ = p.done.send(Err(Error::Closed));
                 }
                 WriterMsg::Sync(tx) => {
+                    let _ = tx.send(Err(Error::Closed));
+                }
+                WriterMsg::Roll(tx) => {
                     let _ = tx.send(Err(Error::Closed));
                 }
                 WriterMsg::Shutdown => {}

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use silt_broker::MqttConfig;
 use silt_storage::StorageConfig;
+use silt_tiering::{Policies, TieringConfig, TopicPolicy, TopicRule};
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -14,11 +15,23 @@ pub struct SiltConfig {
     pub data_dir: PathBuf,
     pub storage: StorageConfig,
     pub mqtt: MqttConfig,
+    pub tiering: TieringConfig,
+    /// The policy of topics no `[[topics]]` entry matches.
+    pub topic_defaults: TopicPolicy,
+    /// Per-topic policies, matched by MQTT topic filter; the first match wins.
+    pub topics: Vec<TopicRule>,
 }
 
 impl Default for SiltConfig {
     fn default() -> Self {
-        Self { data_dir: PathBuf::from("./data"), storage: StorageConfig::default(), mqtt: MqttConfig::default() }
+        Self {
+            data_dir: PathBuf::from("./data"),
+            storage: StorageConfig::default(),
+            mqtt: MqttConfig::default(),
+            tiering: TieringConfig::default(),
+            topic_defaults: TopicPolicy::default(),
+            topics: Vec::new(),
+        }
     }
 }
 
@@ -41,7 +54,14 @@ impl SiltConfig {
             anyhow::bail!("data_dir: must not be empty");
         }
         self.storage.validate().map_err(|e| anyhow::anyhow!(e))?;
-        self.mqtt.validate().map_err(|e| anyhow::anyhow!(e))
+        self.mqtt.validate().map_err(|e| anyhow::anyhow!(e))?;
+        self.tiering.validate().map_err(|e| anyhow::anyhow!(e))?;
+        self.policies().map(|_| ())
+    }
+
+    /// The per-topic policies, resolved.
+    pub fn policies(&self) -> anyhow::Result<Policies> {
+        Policies::new(self.topic_defaults.clone(), &self.topics).map_err(|e| anyhow::anyhow!(e))
     }
 }
 
@@ -59,6 +79,24 @@ mod tests {
     fn unknown_key_is_named() {
         let err = SiltConfig::parse("[storage]\nsegment_byts = 5\n").unwrap_err().to_string();
         assert!(err.contains("segment_byts"), "{err}");
+    }
+
+    #[test]
+    fn topic_policies_and_tiering_keys_are_checked() {
+        let cfg = SiltConfig::parse(
+            "[tiering]\nobject_store = \"s3://b/p\"\n[topic_defaults]\nretention_ms = 5\n\
+             [[topics]]\nmatch = \"a/#\"\nack = \"object\"\n",
+        )
+        .unwrap();
+        let p = cfg.policies().unwrap();
+        assert_eq!(p.for_topic("a/b").ack, silt_tiering::AckDurability::Object);
+        assert_eq!(p.for_topic("a/b").retention_ms, 5);
+        let err = SiltConfig::parse("[[topics]]\nmatch = \"a/#/b\"\n").unwrap_err().to_string();
+        assert!(err.contains("topics[0].match"), "{err}");
+        let err = SiltConfig::parse("[[topics]]\nmatch = \"a\"\nack = \"bucket\"\n").unwrap_err().to_string();
+        assert!(err.contains("bucket"), "{err}");
+        let err = SiltConfig::parse("[tiering]\nobject_store = \"gs://x\"\n").unwrap_err().to_string();
+        assert!(err.contains("tiering.object_store"), "{err}");
     }
 
     #[test]

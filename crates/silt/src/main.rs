@@ -5,6 +5,7 @@
 //! persists sessions, writes, fsyncs and indexes everything acknowledged and exits 0.
 
 mod config;
+mod tiered;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use silt_broker::{Broker, Router};
 use silt_storage::Storage;
+use silt_tiering::Tiering;
 use tokio::sync::watch;
 
 use crate::config::SiltConfig;
@@ -65,6 +67,11 @@ struct ServeArgs {
     /// PEM private key for the TLS listeners; overrides their `key_file`.
     #[arg(long, value_name = "FILE")]
     tls_key: Option<PathBuf>,
+    /// Object store for sealed segments: s3://bucket/prefix (credentials, region and endpoint
+    /// from AWS_* variables or the instance role) or file:///path; overrides
+    /// `tiering.object_store` (default: DATA_DIR/objects).
+    #[arg(long, value_name = "URL")]
+    object_store: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -120,21 +127,29 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.mqtt {
         cfg.mqtt.listen = addr;
     }
+    if let Some(url) = args.object_store {
+        cfg.tiering.object_store = Some(url);
+    }
     cfg.validate()?;
     // Signal handlers go in before anything is announced, so a signal is never lost to the
     // default action (which would skip the clean shutdown).
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut signals = rt.block_on(async { Signals::new() })?;
 
+    let tiering = Tiering::prepare(cfg.tiering.clone(), cfg.policies()?, &cfg.data_dir, cfg.storage.max_batch_bytes)
+        .map_err(|e| anyhow::anyhow!("tiering: {e}"))?;
     tracing::info!(data_dir = %cfg.data_dir.display(), fsync = ?cfg.storage.fsync, "opening storage");
     let router = Arc::new(Router::default());
     let listener: Arc<dyn silt_storage::DispatchListener> = router.clone();
     let storage = Storage::open_with(&cfg.data_dir, cfg.storage.clone(), vec![listener])
         .map(Arc::new)
         .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e}", cfg.data_dir.display()))?;
+    tiering.attach(storage.clone()).map_err(|e| anyhow::anyhow!("tiering: {e}"))?;
     let auth = silt_broker::auth::Auth::load(&cfg.mqtt.auth).map_err(|e| anyhow::anyhow!("mqtt.auth: {e}"))?;
     let broker = Broker::new(storage.clone(), router, cfg.mqtt.clone(), auth)
         .map_err(|e| anyhow::anyhow!("cannot recover broker state: {e}"))?;
+    let tiering = Arc::new(tiering);
+    tiered::wire(&broker, &tiering, rt.handle().clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let listeners = rt.block_on(silt_broker::listeners::Listener::bind_all(&cfg.mqtt))?;
@@ -157,6 +172,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         broker.persist_all().await;
     });
     drop(broker);
+    tiering.shutdown();
     storage.close().map_err(|e| anyhow::anyhow!("storage did not close cleanly: {e}"))?;
     tracing::info!("stopped cleanly");
     Ok(())

@@ -1,0 +1,85 @@
+//! Wiring tiering into the broker: `ack = "object"` acknowledgements, retention's view of the
+//! broker's internal streams, and the `$SYS/broker/tiering/...` figures.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use silt_broker::{Broker, ObjectAck};
+use silt_tiering::{InternalState, Tiering};
+use silt_types::LogPosition;
+
+struct Gate(Arc<Tiering>);
+
+impl ObjectAck for Gate {
+    fn required(&self, topic: &str) -> bool {
+        self.0.object_ack(topic)
+    }
+
+    fn wait(&self, end: LogPosition) -> Pin<Box<dyn Future<Output = silt_storage::Result<()>> + Send>> {
+        let wait = self.0.wait_uploaded(end);
+        Box::pin(async move { wait.await.map_err(|e| silt_storage::Error::Remote(e.to_string())) })
+    }
+}
+
+/// The broker as retention sees it. Holds the broker weakly: it must not outlive shutdown.
+struct Internal {
+    broker: Weak<Broker>,
+    rt: tokio::runtime::Handle,
+    last_dump: Mutex<Option<Instant>>,
+}
+
+/// Dumps are cheap but not free: at most one per this long.
+const MIN_DUMP_INTERVAL: Duration = Duration::from_secs(10);
+
+impl InternalState for Internal {
+    fn floor(&self) -> LogPosition {
+        match self.broker.upgrade().map(|b| b.internal_floor()) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "internal floor unknown; retention holds everything");
+                LogPosition(0)
+            }
+            None => LogPosition(0),
+        }
+    }
+
+    fn compact(&self) {
+        let mut last = self.last_dump.lock().expect("invariant: lock not poisoned");
+        if last.is_some_and(|t| t.elapsed() < MIN_DUMP_INTERVAL) {
+            return;
+        }
+        *last = Some(Instant::now());
+        let broker = self.broker.clone();
+        self.rt.spawn(async move {
+            let Some(b) = broker.upgrade() else { return };
+            match b.dump_internal().await {
+                Ok(()) => tracing::info!("internal state dumped so retention can delete old segments"),
+                Err(e) => tracing::warn!(error = %e, "internal state dump failed"),
+            }
+        });
+    }
+}
+
+pub fn wire(broker: &Arc<Broker>, tiering: &Arc<Tiering>, rt: tokio::runtime::Handle) {
+    if tiering.policies().any_object_ack() {
+        broker.set_object_ack(Arc::new(Gate(tiering.clone())));
+    }
+    tiering.set_internal_state(Arc::new(Internal { broker: Arc::downgrade(broker), rt, last_dump: Mutex::new(None) }));
+    let t = tiering.clone();
+    broker.set_extra_stats(Box::new(move || {
+        let s = t.stats();
+        vec![
+            ("tiering/upload_lag_bytes".into(), s.upload_lag_bytes.to_string()),
+            ("tiering/upload_lag_seconds".into(), s.upload_lag_seconds.to_string()),
+            ("tiering/puts".into(), s.puts.to_string()),
+            ("tiering/put_bytes".into(), s.put_bytes.to_string()),
+            ("tiering/gets".into(), s.gets.to_string()),
+            ("tiering/cache_hit_ratio".into(), format!("{:.3}", s.cache_hit_ratio)),
+            ("tiering/objects".into(), s.objects.to_string()),
+            ("tiering/deleted_objects".into(), s.deleted_objects.to_string()),
+            ("tiering/fenced".into(), u8::from(s.fenced).to_string()),
+            ("tiering/epoch".into(), s.epoch.to_string()),
+        ]
+    }));
+}

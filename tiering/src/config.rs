@@ -1,0 +1,205 @@
+//! Tiering settings and per-topic policies: serde data, validated once at start-up.
+
+use serde::{Deserialize, Serialize};
+use silt_types::{TopicFilter, TopicTrie};
+
+/// `[tiering]`: where sealed segments go and how the local disk caches them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TieringConfig {
+    /// `s3://bucket/prefix` (credentials, region and endpoint from the `AWS_*` environment or
+    /// the instance role) or `file:///path`. Unset: `file://DATA_DIR/objects`.
+    pub object_store: Option<String>,
+    /// Group window for `ack = "object"` topics (ms): pending acknowledgements seal the active
+    /// segment at most this often, and are answered once its object is in the store.
+    pub object_ack_window_ms: u64,
+    /// Bytes of uploaded segments kept on the local disk; older ones are evicted and read back
+    /// through ranged GETs.
+    pub hot_cache_bytes: u64,
+    /// Memory for blocks read from the object store (bytes).
+    pub block_cache_bytes: u64,
+    /// Size of one cached block, and of the read-ahead unit (bytes).
+    pub block_bytes: u64,
+    /// Blocks fetched by one GET after a cache miss (read-ahead).
+    pub read_ahead_blocks: u64,
+    /// Segments larger than this are uploaded in parts (multipart upload).
+    pub multipart_part_bytes: u64,
+    /// How often retention looks for expired objects (ms).
+    pub retention_check_interval_ms: u64,
+    /// On SIGTERM, how long to keep trying to upload what is pending before exiting anyway (ms).
+    /// What is left is uploaded on the next start.
+    pub shutdown_upload_timeout_ms: u64,
+}
+
+impl Default for TieringConfig {
+    fn default() -> Self {
+        Self {
+            object_store: None,
+            object_ack_window_ms: 100,
+            hot_cache_bytes: 1 << 30,
+            block_cache_bytes: 64 << 20,
+            block_bytes: 1 << 20,
+            read_ahead_blocks: 4,
+            multipart_part_bytes: 16 << 20,
+            retention_check_interval_ms: 60_000,
+            shutdown_upload_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl TieringConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |key: &str, why: &str| Err(format!("tiering.{key}: {why}"));
+        if let Some(url) = &self.object_store {
+            crate::store::StoreUrl::parse(url).map_err(|e| format!("tiering.object_store: {e}"))?;
+        }
+        if !(1..=60_000).contains(&self.object_ack_window_ms) {
+            return bad("object_ack_window_ms", "must be between 1 and 60000");
+        }
+        if self.block_bytes < 4096 {
+            return bad("block_bytes", "must be at least 4096");
+        }
+        if self.block_cache_bytes < self.block_bytes {
+            return bad("block_cache_bytes", "must be at least block_bytes");
+        }
+        if self.read_ahead_blocks == 0 {
+            return bad("read_ahead_blocks", "must be at least 1");
+        }
+        if self.multipart_part_bytes < 5 << 20 {
+            return bad("multipart_part_bytes", "must be at least 5242880 (the S3 minimum part size)");
+        }
+        if self.retention_check_interval_ms == 0 {
+            return bad("retention_check_interval_ms", "must be greater than 0");
+        }
+        Ok(())
+    }
+}
+
+/// When a publish to a topic is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AckDurability {
+    /// After the commitlog write (and fsync, per `storage.fsync`).
+    #[default]
+    Local,
+    /// After the object store holds the data.
+    Object,
+}
+
+/// `[topic_defaults]`: the policy of topics no `[[topics]]` entry matches.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TopicPolicy {
+    pub ack: AckDurability,
+    /// Messages older than this are deleted (ms); 0 keeps them forever.
+    pub retention_ms: u64,
+    /// Per topic, bytes kept beyond which the oldest are deleted; 0 = no limit.
+    pub retention_bytes: u64,
+}
+
+impl Default for TopicPolicy {
+    fn default() -> Self {
+        Self { ack: AckDurability::Local, retention_ms: 0, retention_bytes: 0 }
+    }
+}
+
+/// One `[[topics]]` entry: a topic filter and the keys it overrides.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicRule {
+    /// MQTT topic filter (`+` and `#` wildcards) matched against topic names.
+    #[serde(rename = "match")]
+    pub pattern: String,
+    pub ack: Option<AckDurability>,
+    pub retention_ms: Option<u64>,
+    pub retention_bytes: Option<u64>,
+}
+
+/// Topic policies resolved through a topic trie: the first matching rule (in file order) wins;
+/// keys it leaves unset come from the defaults.
+pub struct Policies {
+    default: TopicPolicy,
+    rules: Vec<TopicPolicy>,
+    trie: TopicTrie<usize>,
+    any_object_ack: bool,
+}
+
+impl Policies {
+    pub fn new(default: TopicPolicy, rules: &[TopicRule]) -> Result<Policies, String> {
+        let mut trie = TopicTrie::new();
+        let mut resolved = Vec::with_capacity(rules.len());
+        for (i, r) in rules.iter().enumerate() {
+            let filter = TopicFilter::new(r.pattern.clone()).map_err(|e| format!("topics[{i}].match: {e}"))?;
+            trie.insert(&filter, i);
+            resolved.push(TopicPolicy {
+                ack: r.ack.unwrap_or(default.ack),
+                retention_ms: r.retention_ms.unwrap_or(default.retention_ms),
+                retention_bytes: r.retention_bytes.unwrap_or(default.retention_bytes),
+            });
+        }
+        let any_object_ack =
+            default.ack == AckDurability::Object || resolved.iter().any(|p| p.ack == AckDurability::Object);
+        Ok(Policies { default, rules: resolved, trie, any_object_ack })
+    }
+
+    /// The policy of `topic`.
+    pub fn for_topic(&self, topic: &str) -> &TopicPolicy {
+        let mut first: Option<usize> = None;
+        self.trie.for_each_match(topic, |_, i| first = Some(first.map_or(*i, |f| f.min(*i))));
+        first.map_or(&self.default, |i| &self.rules[i])
+    }
+
+    /// Whether any topic may need `ack = "object"` (so the ack window runs at all).
+    pub fn any_object_ack(&self) -> bool {
+        self.any_object_ack
+    }
+
+    /// Whether any policy limits a topic's bytes.
+    pub fn any_retention_bytes(&self) -> bool {
+        self.default.retention_bytes > 0 || self.rules.iter().any(|p| p.retention_bytes > 0)
+    }
+
+    /// Whether any policy deletes data.
+    pub fn any_retention(&self) -> bool {
+        let deletes = |p: &TopicPolicy| p.retention_ms > 0 || p.retention_bytes > 0;
+        deletes(&self.default) || self.rules.iter().any(deletes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_matching_rule_wins_and_unset_keys_fall_back() {
+        let default = TopicPolicy { ack: AckDurability::Local, retention_ms: 7, retention_bytes: 0 };
+        let rules = [
+            TopicRule {
+                pattern: "a/+/x".into(),
+                ack: Some(AckDurability::Object),
+                retention_ms: None,
+                retention_bytes: Some(5),
+            },
+            TopicRule { pattern: "a/#".into(), ack: None, retention_ms: Some(1), retention_bytes: None },
+        ];
+        let p = Policies::new(default.clone(), &rules).unwrap();
+        assert_eq!(
+            p.for_topic("a/b/x"),
+            &TopicPolicy { ack: AckDurability::Object, retention_ms: 7, retention_bytes: 5 }
+        );
+        assert_eq!(
+            p.for_topic("a/b/y"),
+            &TopicPolicy { ack: AckDurability::Local, retention_ms: 1, retention_bytes: 0 }
+        );
+        assert_eq!(p.for_topic("a"), &TopicPolicy { ack: AckDurability::Local, retention_ms: 1, retention_bytes: 0 });
+        assert_eq!(p.for_topic("b"), &default);
+        assert!(p.any_object_ack());
+        assert!(
+            Policies::new(
+                default,
+                &[TopicRule { pattern: "a/#/b".into(), ack: None, retention_ms: None, retention_bytes: None }]
+            )
+            .is_err()
+        );
+    }
+}

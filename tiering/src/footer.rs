@@ -1,0 +1,179 @@
+//! Segment objects: the sealed segment's bytes followed by a footer index, so a reader that
+//! wants one stream or topic fetches only the byte ranges that hold it.
+//!
+//! Layout of an object: `segment bytes ‖ footer (JSON) ‖ footer length (u32 LE) ‖ "SILTFTR1"`.
+//! Byte ranges in the footer are relative to the object start, which is the segment's base
+//! position: log position `p` lives at object offset `p - base`.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use silt_storage::format::{self, RecordHead, SEGMENT_HEADER_LEN};
+
+pub const FOOTER_MAGIC: &[u8; 8] = b"SILTFTR1";
+pub const TRAILER_LEN: usize = 12;
+
+/// What one segment object holds, per topic and per stream partition.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Footer {
+    pub format: u32,
+    pub base: u64,
+    pub end: u64,
+    pub records: u64,
+    pub min_ts: i64,
+    pub max_ts: i64,
+    /// MQTT topics (topic queues).
+    pub topics: Vec<Span>,
+    /// Stream partitions (`stream/partition`): the Kafka view and the internal streams.
+    pub partitions: Vec<Span>,
+}
+
+/// One queue's records in the object.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Span {
+    pub name: String,
+    pub records: u64,
+    pub bytes: u64,
+    pub min_ts: i64,
+    pub max_ts: i64,
+    /// Object byte ranges `[start, end)` of the batches holding the queue's records.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl Span {
+    fn add(&mut self, batch: (u64, u64), bytes: u64, ts: i64) {
+        if self.records == 0 {
+            self.min_ts = ts;
+            self.max_ts = ts;
+        }
+        self.records += 1;
+        self.bytes += bytes;
+        self.min_ts = self.min_ts.min(ts);
+        self.max_ts = self.max_ts.max(ts);
+        match self.ranges.last_mut() {
+            Some(last) if last.1 >= batch.0 => last.1 = last.1.max(batch.1),
+            _ => self.ranges.push(batch),
+        }
+    }
+}
+
+/// Builds the footer of a sealed segment (`bytes` = the whole file, header included).
+pub fn build(base: u64, bytes: &Bytes, max_batch_bytes: usize) -> Result<Footer, String> {
+    let mut topics: BTreeMap<String, Span> = BTreeMap::new();
+    let mut partitions: BTreeMap<String, Span> = BTreeMap::new();
+    let mut footer = Footer { format: 1, base, end: base + bytes.len() as u64, ..Footer::default() };
+    let mut first = true;
+    let mut at = SEGMENT_HEADER_LEN as usize;
+    format::check_segment_header(bytes.get(..at).ok_or("segment shorter than its header")?)
+        .map_err(|e| format!("segment at {base}: {e}"))?;
+    while at < bytes.len() {
+        let total = format::peek_frame(&bytes[at..], max_batch_bytes)
+            .map_err(|e| format!("segment at {base}, offset {at}: {e}"))?
+            .ok_or_else(|| format!("segment at {base}: partial frame at offset {at}"))?;
+        let frame = bytes.slice(at..at + total);
+        let view = format::check_batch(frame, max_batch_bytes).map_err(|e| format!("segment at {base}: {e}"))?;
+        let range = (at as u64, (at + total) as u64);
+        for &(off, len) in &view.records {
+            let rec = &view.frame[off as usize..(off + len) as usize];
+            let head = RecordHead::decode(rec).map_err(|e| format!("segment at {base}: {e}"))?;
+            if head.control {
+                continue;
+            }
+            let ts = head.timestamp.get();
+            if first {
+                footer.min_ts = ts;
+                footer.max_ts = ts;
+                first = false;
+            }
+            footer.records += 1;
+            footer.min_ts = footer.min_ts.min(ts);
+            footer.max_ts = footer.max_ts.max(ts);
+            if !head.topic.is_empty() {
+                span(&mut topics, head.topic).add(range, u64::from(len), ts);
+            }
+            if !head.stream.is_empty() {
+                let name = format!("{}/{}", head.stream, head.partition.get());
+                span(&mut partitions, &name).add(range, u64::from(len), ts);
+            }
+        }
+        at += total;
+    }
+    footer.topics = topics.into_values().collect();
+    footer.partitions = partitions.into_values().collect();
+    Ok(footer)
+}
+
+fn span<'m>(map: &'m mut BTreeMap<String, Span>, name: &str) -> &'m mut Span {
+    if !map.contains_key(name) {
+        map.insert(name.to_owned(), Span { name: name.to_owned(), ..Span::default() });
+    }
+    map.get_mut(name).expect("invariant: inserted above")
+}
+
+/// The object: segment bytes, footer, trailer.
+pub fn encode(segment: Bytes, footer: &Footer) -> Vec<Bytes> {
+    let json = serde_json::to_vec(footer).expect("invariant: the footer serializes");
+    let mut trailer = Vec::with_capacity(TRAILER_LEN);
+    trailer.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    trailer.extend_from_slice(FOOTER_MAGIC);
+    vec![segment, Bytes::from(json), Bytes::from(trailer)]
+}
+
+/// Parses the trailer (the last [`TRAILER_LEN`] bytes of an object): the footer's length.
+pub fn footer_len(trailer: &[u8]) -> Result<usize, String> {
+    if trailer.len() != TRAILER_LEN || &trailer[4..] != FOOTER_MAGIC {
+        return Err("object has no Silt footer".into());
+    }
+    Ok(u32::from_le_bytes(trailer[..4].try_into().expect("invariant: 4 bytes")) as usize)
+}
+
+pub fn decode(json: &[u8]) -> Result<Footer, String> {
+    serde_json::from_slice(json).map_err(|e| format!("footer: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use silt_storage::Record;
+    use silt_types::{Partition, Timestamp};
+
+    fn rec(stream: &str, topic: &str, ts: i64, v: &str) -> Record {
+        Record {
+            timestamp: Timestamp(ts),
+            stream: stream.into(),
+            partition: Partition(0),
+            topic: topic.into(),
+            value: Bytes::copy_from_slice(v.as_bytes()),
+            ..Record::default()
+        }
+    }
+
+    #[test]
+    fn footer_indexes_topics_and_partitions_with_byte_ranges() {
+        let mut seg = format::segment_header().to_vec();
+        let b1 = format::encode_batch(&[rec("a", "a/1", 10, "x"), rec("a", "a/2", 11, "y")], 1 << 20).unwrap();
+        let b2 = format::encode_batch(&[rec("b", "b/1", 5, "z")], 1 << 20).unwrap();
+        let b3 = format::encode_batch(&[rec("a", "a/1", 20, "w")], 1 << 20).unwrap();
+        let (l1, l2, l3) = (b1.frame.len() as u64, b2.frame.len() as u64, b3.frame.len() as u64);
+        seg.extend_from_slice(&b1.frame);
+        seg.extend_from_slice(&b2.frame);
+        seg.extend_from_slice(&b3.frame);
+        let f = build(1000, &Bytes::from(seg), 1 << 20).unwrap();
+        assert_eq!((f.base, f.end, f.records, f.min_ts, f.max_ts), (1000, 1000 + 16 + l1 + l2 + l3, 4, 5, 20));
+        let a1 = f.topics.iter().find(|s| s.name == "a/1").unwrap();
+        assert_eq!(a1.records, 2);
+        assert_eq!(a1.ranges, vec![(16, 16 + l1), (16 + l1 + l2, 16 + l1 + l2 + l3)]);
+        let pa = f.partitions.iter().find(|s| s.name == "a/0").unwrap();
+        assert_eq!((pa.records, pa.min_ts, pa.max_ts), (3, 10, 20));
+        let pb = f.partitions.iter().find(|s| s.name == "b/0").unwrap();
+        assert_eq!(pb.ranges, vec![(16 + l1, 16 + l1 + l2)]);
+
+        let parts = encode(Bytes::from_static(b"seg"), &f);
+        let all: Vec<u8> = parts.iter().flat_map(|b| b.iter().copied()).collect();
+        let n = footer_len(&all[all.len() - TRAILER_LEN..]).unwrap();
+        let json = &all[all.len() - TRAILER_LEN - n..all.len() - TRAILER_LEN];
+        assert_eq!(decode(json).unwrap(), f);
+        assert!(footer_len(b"not a trailer").is_err());
+    }
+}

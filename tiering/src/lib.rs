@@ -1,0 +1,727 @@
+//! Silt's tiering: sealed commitlog segments go to an object store (S3, MinIO, SeaweedFS or a
+//! local directory), which is the durable store; the local disk becomes a cache of it.
+//!
+//! - [`store`]: the store named by a URL, and retries with backoff and jitter.
+//! - [`footer`]: segment objects carry a footer index (topic and partition → byte ranges).
+//! - [`manifest`]: which objects hold which positions, versioned with conditional creates; a
+//!   node's epoch fences the nodes before it.
+//! - [`cold`]: reads of evicted segments through ranged GETs and a block cache.
+//! - [`Tiering`]: the uploader, the `ack = "object"` window, hot-cache eviction, retention and
+//!   recovery of an empty data directory from the bucket.
+//!
+//! Guarantees: an object is named by the manifest only after it is wholly in the store, and
+//! `wait_uploaded(p)` resolves only once a committed manifest covers `p` — an `object` topic
+//! is never acknowledged before the bucket holds its data. A fenced node stops writing and
+//! refuses appends. Retention deletes objects only after a manifest without them is committed.
+
+pub mod cold;
+pub mod config;
+pub mod footer;
+pub mod manifest;
+pub mod store;
+
+use std::collections::HashMap;
+use std::path::Path as FsPath;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use silt_storage::{SealedSegment, Storage};
+use silt_types::{LogPosition, Timestamp};
+use tokio::sync::{Notify, watch};
+
+use crate::cold::{ColdStats, ColdStore, ObjectRef};
+pub use crate::config::{AckDurability, Policies, TieringConfig, TopicPolicy, TopicRule};
+use crate::footer::Footer;
+use crate::manifest::{Commit, Manifest, ManifestLog, ObjectEntry};
+use crate::store::{StoreUrl, retry};
+
+/// The broker's view on its internal streams (sessions, retained pointers, checkpoints), which
+/// share segments with messages: retention may delete a segment only when the broker no
+/// longer needs the internal records in it.
+pub trait InternalState: Send + Sync + 'static {
+    /// No internal record below this position is still needed.
+    fn floor(&self) -> LogPosition;
+    /// Asked when retention is held back by the floor: write the live state anew (a dump), so
+    /// the floor can move past old segments.
+    fn compact(&self);
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Config(String),
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("storage: {0}")]
+    Storage(#[from] silt_storage::Error),
+    #[error("{0}")]
+    Recovery(String),
+    #[error("fenced: a newer node (epoch {epoch}, {writer}) writes to this object-store prefix")]
+    Fenced { epoch: u64, writer: String },
+}
+
+/// Figures for `$SYS` and logs.
+#[derive(Clone, Debug, Default)]
+pub struct TieringStats {
+    /// Log bytes written locally but not yet in the object store.
+    pub upload_lag_bytes: u64,
+    /// How long some written data has been waiting for upload.
+    pub upload_lag_seconds: u64,
+    pub puts: u64,
+    pub put_bytes: u64,
+    pub gets: u64,
+    pub cache_hit_ratio: f64,
+    pub objects: u64,
+    pub deleted_objects: u64,
+    pub fenced: bool,
+    pub epoch: u64,
+}
+
+struct Inner {
+    cfg: TieringConfig,
+    store: Arc<dyn ObjectStore>,
+    log: ManifestLog,
+    manifest: tokio::sync::Mutex<Manifest>,
+    epoch: u64,
+    policies: Arc<Policies>,
+    storage: OnceLock<Arc<Storage>>,
+    internal: OnceLock<Arc<dyn InternalState>>,
+    cold: Arc<ColdStore>,
+    cold_stats: Arc<ColdStats>,
+    /// End of the data named by the committed manifest.
+    uploaded: watch::Sender<u64>,
+    fenced: AtomicBool,
+    /// Highest position an `ack = "object"` publisher waits for.
+    want: AtomicU64,
+    want_notify: Notify,
+    footers: Mutex<HashMap<u64, Arc<Footer>>>,
+    lag_since: Mutex<Option<Instant>>,
+    puts: AtomicU64,
+    put_bytes: AtomicU64,
+    deleted: AtomicU64,
+}
+
+/// Tiering for one node. Created by [`Tiering::prepare`] before the storage engine opens (it
+/// may fill an empty data directory from the bucket), then [`Tiering::attach`]ed to it.
+pub struct Tiering {
+    rt: Mutex<Option<tokio::runtime::Runtime>>,
+    handle: tokio::runtime::Handle,
+    inner: Arc<Inner>,
+    url: StoreUrl,
+}
+
+impl Tiering {
+    /// Opens the store, recovers an empty data directory from the newest manifest and takes
+    /// ownership of the prefix with a new epoch (fencing the node that wrote before).
+    pub fn prepare(
+        cfg: TieringConfig,
+        policies: Policies,
+        data_dir: &FsPath,
+        max_batch: u32,
+    ) -> Result<Tiering, Error> {
+        cfg.validate().map_err(Error::Config)?;
+        let url = match &cfg.object_store {
+            Some(u) => StoreUrl::parse(u).map_err(|e| Error::Config(format!("tiering.object_store: {e}")))?,
+            None => StoreUrl::default_for(data_dir),
+        };
+        let store = url.open().map_err(|e| Error::Config(format!("tiering.object_store: {e}")))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("silt-tiering")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Config(format!("tiering runtime: {e}")))?;
+        let log = ManifestLog::new(store.clone());
+        let latest = rt.block_on(log.latest())?.unwrap_or(Manifest { format: 1, ..Manifest::default() });
+        rt.block_on(restore_local(&store, &latest, data_dir, max_batch))?;
+
+        let writer = node_id();
+        let mine = Manifest {
+            format: 1,
+            version: latest.version + 1,
+            epoch: latest.epoch + 1,
+            writer: writer.clone(),
+            ..latest.clone()
+        };
+        match rt.block_on(log.commit(&mine))? {
+            Commit::Done => {}
+            Commit::Lost(head) => {
+                return Err(Error::Fenced { epoch: head.epoch, writer: head.writer });
+            }
+        }
+        tracing::info!(
+            store = %url.describe(), epoch = mine.epoch, objects = mine.objects.len(), uploaded_end = mine.end(),
+            "object store ready; this node owns the prefix"
+        );
+        let cold_stats = Arc::new(ColdStats::default());
+        let cold = Arc::new(ColdStore::new(
+            store.clone(),
+            rt.handle().clone(),
+            cfg.block_cache_bytes,
+            cfg.block_bytes,
+            cfg.read_ahead_blocks,
+            cold_stats.clone(),
+        ));
+        for o in &mine.objects {
+            cold.add(ObjectRef { base: o.base, end: o.end, key: o.key.clone() });
+        }
+        let (uploaded, _) = watch::channel(mine.end());
+        let inner = Arc::new(Inner {
+            cfg,
+            store,
+            log,
+            epoch: mine.epoch,
+            manifest: tokio::sync::Mutex::new(mine),
+
+            policies: Arc::new(policies),
+            storage: OnceLock::new(),
+            internal: OnceLock::new(),
+            cold,
+            cold_stats,
+            uploaded,
+            fenced: AtomicBool::new(false),
+            want: AtomicU64::new(0),
+            want_notify: Notify::new(),
+            footers: Mutex::new(HashMap::new()),
+            lag_since: Mutex::new(None),
+            puts: AtomicU64::new(0),
+            put_bytes: AtomicU64::new(0),
+            deleted: AtomicU64::new(0),
+        });
+        Ok(Tiering { handle: rt.handle().clone(), rt: Mutex::new(Some(rt)), inner, url })
+    }
+
+    pub fn policies(&self) -> Arc<Policies> {
+        self.inner.policies.clone()
+    }
+
+    pub fn describe(&self) -> String {
+        self.url.describe()
+    }
+
+    fn rt(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+
+    /// Starts uploading the storage engine's sealed segments (those the manifest lacks first),
+    /// serving its cold reads, evicting, and enforcing retention.
+    pub fn attach(&self, storage: Arc<Storage>) -> Result<(), Error> {
+        let inner = self.inner.clone();
+        let (start, end) = {
+            let m = self.rt().block_on(inner.manifest.lock());
+            (m.start, m.end())
+        };
+        if start > 0 {
+            storage.truncate_before(LogPosition(start))?;
+        }
+        storage.set_cold_reader(inner.cold.clone());
+        let mut sealed = storage.subscribe_sealed();
+        let mut backlog: Vec<SealedSegment> =
+            storage.sealed_segments().into_iter().filter(|s| s.base.get() >= end).collect();
+        backlog.sort_by_key(|s| s.base);
+        if !backlog.is_empty() {
+            tracing::info!(segments = backlog.len(), "uploading sealed segments the object store lacks");
+        }
+        let _ = inner.storage.set(storage);
+        let up = inner.clone();
+        self.rt().spawn(async move {
+            let mut next_base = 0u64;
+            let mut queue = std::collections::VecDeque::from(backlog);
+            loop {
+                let seg = match queue.pop_front() {
+                    Some(s) => s,
+                    None => match sealed.recv().await {
+                        Some(s) => s,
+                        None => return,
+                    },
+                };
+                if seg.base.get() < next_base.max(up.uploaded.borrow().to_owned()) {
+                    continue; // listed and announced both; uploaded once
+                }
+                if up.fenced.load(Ordering::Acquire) {
+                    return;
+                }
+                match up.upload(&seg).await {
+                    Ok(()) => next_base = seg.end.get(),
+                    Err(e @ Error::Fenced { .. }) => {
+                        up.fence(&e);
+                        return;
+                    }
+                    Err(e) => {
+                        // Only local trouble gets here (the store's own errors are retried):
+                        // a segment that cannot be read is a bug or a broken disk.
+                        tracing::error!(error = %e, base = %seg.base, "segment upload failed; uploads stop");
+                        return;
+                    }
+                }
+                up.evict().await;
+            }
+        });
+        if inner.policies.any_object_ack() {
+            let w = inner.clone();
+            self.rt().spawn(async move { w.ack_window().await });
+        }
+        let r = inner.clone();
+        self.rt().spawn(async move { r.retention_loop().await });
+        Ok(())
+    }
+
+    /// Tells retention how to see the broker's internal state.
+    pub fn set_internal_state(&self, state: Arc<dyn InternalState>) {
+        let _ = self.inner.internal.set(state);
+    }
+
+    /// Whether publishes to `topic` wait for the object store.
+    pub fn object_ack(&self, topic: &str) -> bool {
+        self.inner.policies.for_topic(topic).ack == AckDurability::Object
+    }
+
+    /// Resolves once the log up to `end` is in the object store and named by the manifest.
+    /// Fails if this node is fenced first.
+    pub fn wait_uploaded(&self, end: LogPosition) -> impl Future<Output = Result<(), Error>> + Send + 'static {
+        let inner = self.inner.clone();
+        async move {
+            inner.want.fetch_max(end.get(), Ordering::AcqRel);
+            inner.want_notify.notify_one();
+            let mut rx = inner.uploaded.subscribe();
+            loop {
+                if inner.fenced.load(Ordering::Acquire) {
+                    let m = inner.manifest.lock().await;
+                    return Err(Error::Fenced { epoch: m.epoch, writer: m.writer.clone() });
+                }
+                if *rx.borrow_and_update() >= end.get() {
+                    return Ok(());
+                }
+                // Woken by uploads; the timeout re-checks fencing.
+                let _ = tokio::time::timeout(Duration::from_millis(500), rx.changed()).await;
+            }
+        }
+    }
+
+    pub fn stats(&self) -> TieringStats {
+        self.inner.stats()
+    }
+
+    /// Seals the active segment and waits (up to `shutdown_upload_timeout_ms`) until every
+    /// sealed segment is in the store. What is left is uploaded on the next start.
+    pub fn shutdown(&self) {
+        let inner = self.inner.clone();
+        let timeout = Duration::from_millis(inner.cfg.shutdown_upload_timeout_ms);
+        if let Some(storage) = inner.storage.get().cloned()
+            && !inner.fenced.load(Ordering::Acquire)
+        {
+            let done = self.rt().block_on(async {
+                let end = storage.roll().await?;
+                let mut rx = inner.uploaded.subscribe();
+                let ok = tokio::time::timeout(timeout, rx.wait_for(|u| *u >= end.get() || end.get() == 0)).await;
+                Ok::<_, silt_storage::Error>(ok.is_ok())
+            });
+            match done {
+                Ok(true) => tracing::info!("every sealed segment is in the object store"),
+                Ok(false) => tracing::warn!(
+                    lag_bytes = inner.stats().upload_lag_bytes,
+                    "object store did not take everything before the shutdown timeout; the rest is uploaded on the next start"
+                ),
+                Err(e) => tracing::warn!(error = %e, "final seal failed; the rest is uploaded on the next start"),
+            }
+        }
+        if let Some(rt) = self.rt.lock().expect("invariant: lock not poisoned").take() {
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+impl Drop for Tiering {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.lock().expect("invariant: lock not poisoned").take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Inner {
+    fn storage(&self) -> &Arc<Storage> {
+        self.storage.get().expect("invariant: attached before use")
+    }
+
+    fn fence(&self, e: &Error) {
+        if !self.fenced.swap(true, Ordering::AcqRel) {
+            tracing::error!(error = %e, "tiering: this node is fenced; it stops uploading and refuses writes");
+            if let Some(s) = self.storage.get() {
+                s.fence();
+            }
+            self.uploaded.send_modify(|_| {}); // wake waiters so they see the fence
+        }
+    }
+
+    /// Uploads one sealed segment and commits it to the manifest.
+    async fn upload(&self, seg: &SealedSegment) -> Result<(), Error> {
+        let bytes = Bytes::from(
+            tokio::fs::read(&seg.path)
+                .await
+                .map_err(|e| Error::Recovery(format!("read sealed segment {}: {e}", seg.path.display())))?,
+        );
+        if bytes.len() as u64 != seg.end.get() - seg.base.get() {
+            return Err(Error::Recovery(format!("segment {} changed after sealing", seg.path.display())));
+        }
+        let max_batch = self.storage().config().max_batch_bytes as usize;
+        let base = seg.base.get();
+        let (footer, bytes) = tokio::task::spawn_blocking(move || (footer::build(base, &bytes, max_batch), bytes))
+            .await
+            .map_err(|e| Error::Recovery(e.to_string()))?;
+        let footer = footer.map_err(Error::Recovery)?;
+        let key = format!("segments/{base:020}-{:08}.seg", self.epoch);
+        let parts = footer::encode(bytes, &footer);
+        let size: u64 = parts.iter().map(|b| b.len() as u64).sum();
+        let path = Path::from(key.as_str());
+        let part_bytes = self.cfg.multipart_part_bytes as usize;
+        let store = self.store.clone();
+        retry("upload segment", || {
+            let (store, path, parts) = (store.clone(), path.clone(), parts.clone());
+            async move {
+                if size as usize <= part_bytes {
+                    store.put(&path, parts.into_iter().collect::<PutPayload>()).await.map(|_| ())
+                } else {
+                    let mut w = WriteMultipart::new_with_chunk_size(store.put_multipart(&path).await?, part_bytes);
+                    for p in parts {
+                        if let Err(e) = w.wait_for_capacity(4).await {
+                            let _ = w.abort().await;
+                            return Err(e);
+                        }
+                        w.put(p);
+                    }
+                    w.finish().await.map(|_| ())
+                }
+            }
+        })
+        .await?;
+        self.puts.fetch_add(1, Ordering::Relaxed);
+        self.put_bytes.fetch_add(size, Ordering::Relaxed);
+        let entry = ObjectEntry {
+            key: key.clone(),
+            base,
+            end: seg.end.get(),
+            size,
+            min_ts: footer.min_ts,
+            max_ts: footer.max_ts,
+        };
+        self.commit(|m| m.objects.push(entry.clone())).await?;
+        self.cold.add(ObjectRef { base, end: seg.end.get(), key });
+        self.footers.lock().expect("invariant: lock not poisoned").insert(base, Arc::new(footer));
+        self.uploaded.send_replace(seg.end.get());
+        tracing::debug!(base, end = seg.end.get(), size, "segment uploaded");
+        Ok(())
+    }
+
+    /// Publishes the next manifest version with `change` applied.
+    async fn commit(&self, change: impl Fn(&mut Manifest)) -> Result<(), Error> {
+        let mut m = self.manifest.lock().await;
+        let mut next = m.clone();
+        next.version += 1;
+        change(&mut next);
+        match self.log.commit(&next).await? {
+            Commit::Done => {
+                *m = next;
+                Ok(())
+            }
+            Commit::Lost(head) => {
+                let e = Error::Fenced { epoch: head.epoch, writer: head.writer.clone() };
+                *m = *head;
+                Err(e)
+            }
+        }
+    }
+
+    /// Evicts uploaded local segments beyond the hot-cache size, oldest first.
+    async fn evict(&self) {
+        let storage = self.storage().clone();
+        let uploaded = *self.uploaded.borrow();
+        let keep = self.cfg.hot_cache_bytes;
+        let result = tokio::task::spawn_blocking(move || {
+            let mut segs: Vec<SealedSegment> =
+                storage.sealed_segments().into_iter().filter(|s| s.end.get() <= uploaded).collect();
+            segs.sort_by_key(|s| std::cmp::Reverse(s.base));
+            let mut held = 0u64;
+            let mut evicted = 0;
+            for s in segs {
+                held += s.end.get() - s.base.get();
+                if held > keep && storage.evict_segment(&s)? {
+                    evicted += 1;
+                }
+            }
+            Ok::<_, silt_storage::Error>(evicted)
+        })
+        .await;
+        match result {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::debug!(segments = n, "evicted uploaded segments from the local disk"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "eviction failed"),
+            Err(e) => tracing::warn!(error = %e, "eviction task failed"),
+        }
+    }
+
+    /// Seals the active segment at most once per window while `object` publishers wait.
+    async fn ack_window(self: Arc<Self>) {
+        let window = Duration::from_millis(self.cfg.object_ack_window_ms);
+        let mut sealed_to = 0u64;
+        loop {
+            if self.want.load(Ordering::Acquire) <= sealed_to {
+                self.want_notify.notified().await;
+                if self.want.load(Ordering::Acquire) <= sealed_to {
+                    continue;
+                }
+            }
+            // Gather the window's publishers, then seal once for all of them.
+            tokio::time::sleep(window).await;
+            if self.fenced.load(Ordering::Acquire) {
+                return;
+            }
+            match self.storage().roll().await {
+                Ok(end) => sealed_to = sealed_to.max(end.get()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "sealing for object acknowledgements failed");
+                    tokio::time::sleep(window).await;
+                }
+            }
+        }
+    }
+
+    fn stats(&self) -> TieringStats {
+        let uploaded = *self.uploaded.borrow();
+        let lag = match self.storage.get() {
+            Some(s) => {
+                let end = s.stats().log_end;
+                end.get().saturating_sub(s.normalize(LogPosition(uploaded)).get())
+            }
+            None => 0,
+        };
+        let lag_seconds = {
+            let mut since = self.lag_since.lock().expect("invariant: lock not poisoned");
+            match (lag, *since) {
+                (0, _) => {
+                    *since = None;
+                    0
+                }
+                (_, None) => {
+                    *since = Some(Instant::now());
+                    0
+                }
+                (_, Some(t)) => t.elapsed().as_secs(),
+            }
+        };
+        let (hits, misses) =
+            (self.cold_stats.hits.load(Ordering::Relaxed), self.cold_stats.misses.load(Ordering::Relaxed));
+        let objects = self.manifest.try_lock().map(|m| m.objects.len() as u64).unwrap_or(0);
+        TieringStats {
+            upload_lag_bytes: lag,
+            upload_lag_seconds: lag_seconds,
+            puts: self.puts.load(Ordering::Relaxed),
+            put_bytes: self.put_bytes.load(Ordering::Relaxed),
+            gets: self.cold_stats.gets.load(Ordering::Relaxed),
+            cache_hit_ratio: if hits + misses == 0 { 1.0 } else { hits as f64 / (hits + misses) as f64 },
+            objects,
+            deleted_objects: self.deleted.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Acquire),
+            epoch: self.epoch,
+        }
+    }
+
+    async fn retention_loop(self: Arc<Self>) {
+        let every = Duration::from_millis(self.cfg.retention_check_interval_ms);
+        loop {
+            tokio::time::sleep(every).await;
+            if self.fenced.load(Ordering::Acquire) {
+                return;
+            }
+            if !self.policies.any_retention() {
+                continue;
+            }
+            if let Err(e) = self.retention_round().await {
+                match e {
+                    Error::Fenced { .. } => {
+                        self.fence(&e);
+                        return;
+                    }
+                    e => tracing::warn!(error = %e, "retention round failed; retrying later"),
+                }
+            }
+        }
+    }
+
+    /// The footer of an object: from memory, else from the object's tail (two ranged GETs).
+    async fn footer(&self, o: &ObjectEntry) -> Result<Arc<Footer>, Error> {
+        if let Some(f) = self.footers.lock().expect("invariant: lock not poisoned").get(&o.base) {
+            return Ok(f.clone());
+        }
+        let path = Path::from(o.key.as_str());
+        let t = footer::TRAILER_LEN as u64;
+        let trailer = retry("read footer", || self.store.get_range(&path, o.size - t..o.size)).await?;
+        let n = footer::footer_len(&trailer).map_err(Error::Recovery)? as u64;
+        let json = retry("read footer", || self.store.get_range(&path, o.size - t - n..o.size - t)).await?;
+        let f = Arc::new(footer::decode(&json).map_err(Error::Recovery)?);
+        self.footers.lock().expect("invariant: lock not poisoned").insert(o.base, f.clone());
+        Ok(f)
+    }
+
+    /// Deletes the oldest objects whose every topic is past its retention, and whose internal
+    /// records the broker no longer needs. Deletes only a prefix of the log, so the manifest
+    /// stays a contiguous range.
+    async fn retention_round(&self) -> Result<(), Error> {
+        let m = self.manifest.lock().await.clone();
+        let mut footers = Vec::with_capacity(m.objects.len());
+        for o in &m.objects {
+            footers.push(self.footer(o).await?);
+        }
+        // Bytes of each topic in objects newer than object i (for retention by size).
+        let by_bytes = self.policies.any_retention_bytes();
+        let mut newer: Vec<HashMap<&str, u64>> = vec![HashMap::new(); footers.len()];
+        if by_bytes {
+            let mut acc: HashMap<&str, u64> = HashMap::new();
+            for i in (0..footers.len()).rev() {
+                newer[i] = acc.clone();
+                for s in &footers[i].topics {
+                    *acc.entry(s.name.as_str()).or_default() += s.bytes;
+                }
+            }
+        }
+        let now = Timestamp::now().get();
+        let floor = self.internal.get().map_or(0, |i| i.floor().get());
+        let mut drop = 0;
+        let mut held_by_internal = false;
+        for (i, f) in footers.iter().enumerate() {
+            let topic_expired = |name: &str, max_ts: i64| {
+                let p = self.policies.for_topic(name);
+                let by_age = p.retention_ms > 0 && now.saturating_sub(max_ts) > p.retention_ms as i64;
+                let by_size = p.retention_bytes > 0 && newer[i].get(name).copied().unwrap_or(0) >= p.retention_bytes;
+                by_age || by_size
+            };
+            let topics_expired = f.topics.iter().all(|s| topic_expired(&s.name, s.max_ts));
+            // Partitions carry the same records as their topics, except streams without
+            // topics: the broker's internal streams (and records produced without a topic).
+            let mut internal_needed = false;
+            let others_expired = f.partitions.iter().all(|s| {
+                let stream = s.name.rsplit_once('/').map_or(s.name.as_str(), |(st, _)| st);
+                if stream.starts_with("__silt_") {
+                    internal_needed |= f.end > floor;
+                    true
+                } else {
+                    f.topics.iter().any(|t| t.name.split('/').next() == Some(stream)) || topic_expired(stream, s.max_ts)
+                }
+            });
+            if topics_expired && others_expired && !internal_needed {
+                drop = i + 1;
+                continue;
+            }
+            held_by_internal = topics_expired && others_expired && internal_needed;
+            break;
+        }
+        if held_by_internal && let Some(i) = self.internal.get() {
+            i.compact();
+        }
+        if drop == 0 {
+            return Ok(());
+        }
+        let doomed: Vec<ObjectEntry> = m.objects[..drop].to_vec();
+        let start = doomed.last().expect("invariant: drop > 0").end;
+        self.commit(|next| {
+            next.objects.retain(|o| o.base >= start);
+            next.start = next.start.max(start);
+        })
+        .await?;
+        // Named by no manifest from here on; readers are cut off before the objects go.
+        self.cold.remove_below(start);
+        self.storage().truncate_before(LogPosition(start))?;
+        for o in &doomed {
+            let path = Path::from(o.key.as_str());
+            match retry("delete expired object", || self.store.delete(&path)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                    self.deleted.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!(key = %o.key, error = %e, "expired object not deleted (orphaned)"),
+            }
+            self.footers.lock().expect("invariant: lock not poisoned").remove(&o.base);
+        }
+        tracing::info!(objects = doomed.len(), start, "retention deleted expired objects");
+        Ok(())
+    }
+}
+
+/// Fills an empty data directory from the manifest's objects (or, when the index is missing,
+/// brings back evicted segments the rebuild needs). Refuses a local log that is behind the
+/// bucket: it belongs to an older owner of the prefix.
+async fn restore_local(
+    store: &Arc<dyn ObjectStore>,
+    m: &Manifest,
+    data_dir: &FsPath,
+    max_batch: u32,
+) -> Result<(), Error> {
+    let log_dir = silt_storage::log_dir(data_dir);
+    let local = local_segments(&log_dir)?;
+    let empty = local.is_empty() || (local.len() == 1 && local[0].1 <= silt_storage::format::SEGMENT_HEADER_LEN);
+    let end = m.end();
+    if !empty {
+        let local_end = local.last().map_or(0, |(b, l)| b + l);
+        if end > 0 && !local.iter().any(|(b, _)| *b == end) {
+            return Err(Error::Recovery(format!(
+                "the data directory's log (ends at {local_end}) does not continue the object store's (ends at {end}): \
+                 it was written by another node or is older than the bucket; move it away to recover from the bucket"
+            )));
+        }
+        if data_dir.join("index").exists() {
+            return Ok(());
+        }
+    }
+    let present: std::collections::HashSet<u64> = local.iter().map(|(b, _)| *b).collect();
+    let missing: Vec<&ObjectEntry> = m.objects.iter().filter(|o| !present.contains(&o.base)).collect();
+    if missing.is_empty() && !(empty && end > 0) {
+        return Ok(());
+    }
+    if empty {
+        for (b, _) in &local {
+            let p = log_dir.join(format!("{b:020}.log"));
+            std::fs::remove_file(&p).map_err(|e| Error::Recovery(format!("remove {}: {e}", p.display())))?;
+        }
+    }
+    let total: u64 = missing.iter().map(|o| o.end - o.base).sum();
+    tracing::info!(objects = missing.len(), bytes = total, "restoring the commitlog from the object store");
+    for o in missing {
+        let path = Path::from(o.key.as_str());
+        let len = o.end - o.base;
+        let bytes = retry("download segment", || store.get_range(&path, 0..len)).await?;
+        // The footer check proves the object is the one the manifest names.
+        footer::build(o.base, &bytes, max_batch as usize)
+            .map_err(|e| Error::Recovery(format!("object {} is not a valid segment: {e}", o.key)))?;
+        silt_storage::install_segment(&log_dir, LogPosition(o.base), &bytes)?;
+    }
+    if empty {
+        silt_storage::start_segment(&log_dir, LogPosition(end))?;
+    }
+    Ok(())
+}
+
+/// `(base, length)` of each segment file, in order.
+fn local_segments(log_dir: &FsPath) -> Result<Vec<(u64, u64)>, Error> {
+    let Ok(entries) = std::fs::read_dir(log_dir) else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(digits) = name.to_str().and_then(|n| n.strip_suffix(".log")) else { continue };
+        if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let len = e.metadata().map_err(|err| Error::Recovery(format!("{}: {err}", e.path().display())))?.len();
+        out.push((digits.parse().expect("invariant: 20 digits"), len));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A name for this node in the manifest: host, process and a random part.
+fn node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_else(|_| "node".into());
+    format!("{}-{}-{:08x}", host.trim(), std::process::id(), rand::random::<u32>())
+}

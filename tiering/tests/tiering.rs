@@ -1,0 +1,228 @@
+//! Tiering against a real object store implementation (`object_store`'s local filesystem
+//! store; the S3 path is covered end to end against SeaweedFS in tests/tiering/).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use silt_storage::{QueueName, Record, Storage, StorageConfig};
+use silt_tiering::manifest::Manifest;
+use silt_tiering::{AckDurability, Policies, Tiering, TieringConfig, TopicPolicy, TopicRule};
+use silt_types::{Partition, Timestamp};
+
+fn record(topic: &str, value: Vec<u8>, ts: Timestamp) -> Record {
+    Record {
+        timestamp: ts,
+        stream: topic.split('/').next().unwrap().into(),
+        partition: Partition(0),
+        topic: topic.into(),
+        value: Bytes::from(value),
+        ..Record::default()
+    }
+}
+
+fn cfg(store: &Path) -> TieringConfig {
+    TieringConfig {
+        object_store: Some(format!("file://{}", store.display())),
+        retention_check_interval_ms: 50,
+        object_ack_window_ms: 20,
+        ..TieringConfig::default()
+    }
+}
+
+fn storage_cfg() -> StorageConfig {
+    // A small tail cache, so reads of older data go to segments (or the store).
+    StorageConfig { segment_bytes: 64 << 10, tail_cache_bytes: 64 << 10, ..StorageConfig::default() }
+}
+
+struct Node {
+    tiering: Arc<Tiering>,
+    storage: Arc<Storage>,
+}
+
+fn start(dir: &Path, cfg: TieringConfig, policies: Policies) -> Node {
+    let tiering = Arc::new(Tiering::prepare(cfg, policies, dir, storage_cfg().max_batch_bytes).unwrap());
+    let storage = Arc::new(Storage::open(dir, storage_cfg()).unwrap());
+    tiering.attach(storage.clone()).unwrap();
+    storage.wait_dispatched_blocking(storage.stats().log_end).unwrap();
+    Node { tiering, storage }
+}
+
+fn default_policies() -> Policies {
+    Policies::new(TopicPolicy::default(), &[]).unwrap()
+}
+
+impl Node {
+    fn stop(self) {
+        self.tiering.shutdown();
+        self.storage.close().unwrap();
+    }
+
+    fn topic(&self, topic: &str) -> Vec<(u64, Bytes)> {
+        let id = self.storage.queue_id(&QueueName::Topic(topic.into())).unwrap().unwrap();
+        let (first, next) = self.storage.queue_bounds(id).unwrap();
+        let got = self.storage.read_queue(id, first, (next.get() - first.get()) as usize).unwrap();
+        got.into_iter().map(|(o, r)| (o.get(), r.value)).collect()
+    }
+}
+
+fn manifest(store: &Path) -> Manifest {
+    serde_json::from_slice(&std::fs::read(store.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Appends `n` records of about 1 KiB over 3 topics; returns what each topic holds.
+fn fill(s: &Storage, n: usize) -> Vec<Vec<u8>> {
+    let mut values = Vec::new();
+    for i in 0..n {
+        let v: Vec<u8> = (0..1000).map(|j| (i * 31 + j) as u8).chain(i.to_be_bytes()).collect();
+        s.append_blocking(&[record(&format!("dev/{}", i % 3), v.clone(), Timestamp::now())]).unwrap();
+        values.push(v);
+    }
+    values
+}
+
+fn expected(values: &[Vec<u8>], t: usize) -> Vec<(u64, Bytes)> {
+    values.iter().skip(t).step_by(3).enumerate().map(|(o, v)| (o as u64, Bytes::from(v.clone()))).collect()
+}
+
+#[test]
+fn an_empty_data_directory_recovers_every_record_and_offset_from_the_store() {
+    let store = tempfile::tempdir().unwrap();
+    let a = tempfile::tempdir().unwrap();
+    let node = start(a.path(), cfg(store.path()), default_policies());
+    let values = fill(&node.storage, 600); // ~600 KiB: about ten 64 KiB segments
+    let end = node.storage.stats().log_end;
+    node.stop();
+    let m = manifest(store.path());
+    assert!(m.objects.len() >= 8, "{} objects", m.objects.len());
+    assert!(m.end() >= end.get() - 16, "the shutdown sealed and uploaded the tail");
+
+    let b = tempfile::tempdir().unwrap();
+    let node = start(b.path(), cfg(store.path()), default_policies());
+    for t in 0..3 {
+        assert_eq!(node.topic(&format!("dev/{t}")), expected(&values, t), "topic dev/{t}");
+    }
+    assert_eq!(manifest(store.path()).epoch, m.epoch + 1);
+    // The log continues where the bucket ends: new records neither overlap nor reuse offsets.
+    let appended = node.storage.append_blocking(&[record("dev/0", b"new".to_vec(), Timestamp::now())]).unwrap();
+    assert!(appended.positions[0].get() >= m.end());
+    node.storage.wait_dispatched_blocking(appended.end).unwrap();
+    assert_eq!(node.topic("dev/0").last().unwrap(), &(200, Bytes::from_static(b"new")));
+    node.stop();
+}
+
+#[test]
+fn evicted_segments_are_read_back_through_ranged_gets() {
+    let store = tempfile::tempdir().unwrap();
+    let a = tempfile::tempdir().unwrap();
+    let node = start(a.path(), TieringConfig { hot_cache_bytes: 0, ..cfg(store.path()) }, default_policies());
+    let values = fill(&node.storage, 600);
+    let end = node.storage.stats().log_end;
+    node.storage.wait_dispatched_blocking(end).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(node.storage.roll()).unwrap();
+    let log_files = || std::fs::read_dir(a.path().join("log")).unwrap().count();
+    wait_until("eviction", || log_files() <= 2);
+    for t in 0..3 {
+        assert_eq!(node.topic(&format!("dev/{t}")), expected(&values, t), "topic dev/{t}");
+    }
+    let stats = node.tiering.stats();
+    assert!(stats.gets > 0);
+    // 600 KiB in 1 MiB blocks with read-ahead: a handful of GETs, not one per record.
+    assert!(stats.gets < 50, "{} GETs", stats.gets);
+    node.stop();
+}
+
+#[test]
+fn a_second_node_on_the_same_prefix_fences_the_first() {
+    let store = tempfile::tempdir().unwrap();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = start(a.path(), cfg(store.path()), default_policies());
+    fill(&first.storage, 100);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sealed = rt.block_on(first.storage.roll()).unwrap();
+    rt.block_on(first.tiering.wait_uploaded(sealed)).unwrap();
+
+    let second = start(b.path(), cfg(store.path()), default_policies());
+    assert_eq!(second.topic("dev/0").len(), 34, "the second node serves what the first uploaded");
+    // The first node learns at its next manifest commit, and stops.
+    fill(&first.storage, 10);
+    let sealed = rt.block_on(first.storage.roll()).unwrap();
+    let err = rt.block_on(first.tiering.wait_uploaded(sealed)).unwrap_err();
+    assert!(err.to_string().contains("fenced"), "{err}");
+    assert!(first.tiering.stats().fenced);
+    assert!(first.storage.append_blocking(&[record("dev/0", b"x".to_vec(), Timestamp::now())]).is_err());
+    let m = manifest(store.path());
+    assert_eq!(m.epoch, second.tiering.stats().epoch);
+    second.stop();
+    first.stop();
+    assert_eq!(manifest(store.path()).epoch, m.epoch, "the fenced node never wrote again");
+}
+
+#[test]
+fn object_acks_wait_until_the_store_holds_the_data() {
+    let store = tempfile::tempdir().unwrap();
+    let a = tempfile::tempdir().unwrap();
+    let rules = [TopicRule {
+        pattern: "dev/#".into(),
+        ack: Some(AckDurability::Object),
+        retention_ms: None,
+        retention_bytes: None,
+    }];
+    let node = start(a.path(), cfg(store.path()), Policies::new(TopicPolicy::default(), &rules).unwrap());
+    assert!(node.tiering.object_ack("dev/1") && !node.tiering.object_ack("other"));
+    let appended = node.storage.append_blocking(&[record("dev/1", b"v".to_vec(), Timestamp::now())]).unwrap();
+    assert!(manifest(store.path()).end() < appended.end.get(), "nothing was sealed yet");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(node.tiering.wait_uploaded(appended.end)).unwrap();
+    assert!(manifest(store.path()).end() >= appended.end.get(), "acknowledged only once the manifest names it");
+    node.stop();
+}
+
+#[test]
+fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
+    let store = tempfile::tempdir().unwrap();
+    let a = tempfile::tempdir().unwrap();
+    let rules = [TopicRule { pattern: "old/#".into(), ack: None, retention_ms: Some(60_000), retention_bytes: None }];
+    let node = start(a.path(), cfg(store.path()), Policies::new(TopicPolicy::default(), &rules).unwrap());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let hour_ago = Timestamp(Timestamp::now().get() - 3_600_000);
+    for i in 0..200u32 {
+        node.storage.append_blocking(&[record("old/a", vec![i as u8; 1000], hour_ago)]).unwrap();
+    }
+    let sealed = rt.block_on(node.storage.roll()).unwrap();
+    rt.block_on(node.tiering.wait_uploaded(sealed)).unwrap();
+    // A fresh record keeps its object (and every later one) alive.
+    let fresh = node.storage.append_blocking(&[record("old/a", b"fresh".to_vec(), Timestamp::now())]).unwrap();
+    let sealed = rt.block_on(node.storage.roll()).unwrap();
+    rt.block_on(node.tiering.wait_uploaded(sealed)).unwrap();
+    node.storage.wait_dispatched_blocking(fresh.end).unwrap();
+
+    wait_until("retention", || manifest(store.path()).objects.len() == 1);
+    let m = manifest(store.path());
+    assert!(m.start > 0 && m.objects[0].base == m.start);
+    let on_disk: Vec<String> = std::fs::read_dir(store.path().join("segments"))
+        .unwrap()
+        .map(|e| format!("segments/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    assert_eq!(on_disk, vec![m.objects[0].key.clone()], "expired objects are deleted from the store");
+    // Readers skip what retention deleted.
+    let got = node.topic("old/a");
+    assert_eq!(got, vec![(200, Bytes::from_static(b"fresh"))]);
+    node.stop();
+
+    // A restart on an empty directory starts at the manifest's start.
+    let b = tempfile::tempdir().unwrap();
+    let node = start(b.path(), cfg(store.path()), default_policies());
+    assert_eq!(node.storage.floor().get(), m.start);
+    node.stop();
+}
