@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use silt_storage::QueueName;
 use silt_storage::format::{self, RecordHead, SEGMENT_HEADER_LEN};
+use silt_types::Partition;
 
 pub const FOOTER_MAGIC: &[u8; 8] = b"SILTFTR1";
 pub const TRAILER_LEN: usize = 12;
@@ -27,6 +29,41 @@ pub struct Footer {
     pub topics: Vec<Span>,
     /// Stream partitions (`stream/partition`): the Kafka view and the internal streams.
     pub partitions: Vec<Span>,
+    /// Where each consume queue's entries in this object start, so offsets survive the
+    /// deletion of older objects (filled in by the uploader from the index).
+    #[serde(default)]
+    pub queues: Vec<QueueSpan>,
+}
+
+/// A consume queue's entries in one object: offsets `[first, first + count)`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueSpan {
+    /// `t:{topic}`, `p:{stream}/{partition}` or `f:{filter}`.
+    pub name: String,
+    pub first: u64,
+    pub count: u64,
+}
+
+/// A queue's name in footers and the manifest.
+pub fn queue_key(q: &QueueName) -> String {
+    match q {
+        QueueName::Topic(t) => format!("t:{t}"),
+        QueueName::Partition { stream, partition } => format!("p:{stream}/{}", partition.get()),
+        QueueName::Filter(f) => format!("f:{f}"),
+    }
+}
+
+pub fn parse_queue_key(s: &str) -> Option<QueueName> {
+    let (kind, rest) = s.split_at_checked(2)?;
+    match kind {
+        "t:" => Some(QueueName::Topic(rest.to_owned())),
+        "f:" => Some(QueueName::Filter(rest.to_owned())),
+        "p:" => {
+            let (stream, p) = rest.rsplit_once('/')?;
+            Some(QueueName::Partition { stream: stream.to_owned(), partition: Partition(p.parse().ok()?) })
+        }
+        _ => None,
+    }
 }
 
 /// One queue's records in the object.
@@ -136,7 +173,19 @@ pub fn decode(json: &[u8]) -> Result<Footer, String> {
 mod tests {
     use super::*;
     use silt_storage::Record;
-    use silt_types::{Partition, Timestamp};
+    use silt_types::Timestamp;
+
+    #[test]
+    fn queue_keys_round_trip() {
+        for q in [
+            QueueName::Topic("a/b".into()),
+            QueueName::Filter("a/+/#".into()),
+            QueueName::Partition { stream: "__silt_sessions".into(), partition: Partition(3) },
+        ] {
+            assert_eq!(parse_queue_key(&queue_key(&q)), Some(q));
+        }
+        assert_eq!(parse_queue_key("x:y"), None);
+    }
 
     fn rec(stream: &str, topic: &str, ts: i64, v: &str) -> Record {
         Record {

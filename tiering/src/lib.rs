@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
-use silt_storage::{SealedSegment, Storage};
-use silt_types::{LogPosition, Timestamp};
+use silt_storage::{QueueName, SealedSegment, Storage};
+use silt_types::{LogPosition, Offset, Timestamp};
 use tokio::sync::{Notify, watch};
 
 use crate::cold::{ColdStats, ColdStore, ObjectRef};
@@ -108,6 +108,8 @@ struct Inner {
 /// Tiering for one node. Created by [`Tiering::prepare`] before the storage engine opens (it
 /// may fill an empty data directory from the bucket), then [`Tiering::attach`]ed to it.
 pub struct Tiering {
+    /// Base offsets for a rebuilt index (see `Storage::open_seeded`).
+    seeds: Vec<(QueueName, Offset)>,
     rt: Mutex<Option<tokio::runtime::Runtime>>,
     handle: tokio::runtime::Handle,
     inner: Arc<Inner>,
@@ -137,7 +139,7 @@ impl Tiering {
             .map_err(|e| Error::Config(format!("tiering runtime: {e}")))?;
         let log = ManifestLog::new(store.clone());
         let latest = rt.block_on(log.latest())?.unwrap_or(Manifest { format: 1, ..Manifest::default() });
-        rt.block_on(restore_local(&store, &latest, data_dir, max_batch))?;
+        let seeds = rt.block_on(restore_local(&store, &latest, data_dir, max_batch))?;
 
         let writer = node_id();
         let mine = Manifest {
@@ -192,7 +194,13 @@ impl Tiering {
             put_bytes: AtomicU64::new(0),
             deleted: AtomicU64::new(0),
         });
-        Ok(Tiering { handle: rt.handle().clone(), rt: Mutex::new(Some(rt)), inner, url })
+        Ok(Tiering { handle: rt.handle().clone(), rt: Mutex::new(Some(rt)), inner, url, seeds })
+    }
+
+    /// Queue base offsets the storage engine must start from if it rebuilds its index:
+    /// pass them to `Storage::open_seeded`. Empty unless retention deleted history.
+    pub fn seeds(&self) -> &[(QueueName, Offset)] {
+        &self.seeds
     }
 
     pub fn policies(&self) -> Arc<Policies> {
@@ -373,7 +381,14 @@ impl Inner {
         let (footer, bytes) = tokio::task::spawn_blocking(move || (footer::build(base, &bytes, max_batch), bytes))
             .await
             .map_err(|e| Error::Recovery(e.to_string()))?;
-        let footer = footer.map_err(Error::Recovery)?;
+        let mut footer = footer.map_err(Error::Recovery)?;
+        let storage = self.storage().clone();
+        storage.wait_dispatched(seg.end).await?;
+        let (from, to) = (seg.base, seg.end);
+        let spans_of = footer.clone();
+        footer.queues = tokio::task::spawn_blocking(move || queue_spans(&storage, &spans_of, from, to))
+            .await
+            .map_err(|e| Error::Recovery(e.to_string()))??;
         let key = format!("segments/{base:020}-{:08}.seg", self.epoch);
         let parts = footer::encode(bytes, &footer);
         let size: u64 = parts.iter().map(|b| b.len() as u64).sum();
@@ -557,12 +572,7 @@ impl Inner {
         if let Some(f) = self.footers.lock().expect("invariant: lock not poisoned").get(&o.base) {
             return Ok(f.clone());
         }
-        let path = Path::from(o.key.as_str());
-        let t = footer::TRAILER_LEN as u64;
-        let trailer = retry("read footer", || self.store.get_range(&path, o.size - t..o.size)).await?;
-        let n = footer::footer_len(&trailer).map_err(Error::Recovery)? as u64;
-        let json = retry("read footer", || self.store.get_range(&path, o.size - t - n..o.size - t)).await?;
-        let f = Arc::new(footer::decode(&json).map_err(Error::Recovery)?);
+        let f = Arc::new(read_footer(&self.store, o).await?);
         self.footers.lock().expect("invariant: lock not poisoned").insert(o.base, f.clone());
         Ok(f)
     }
@@ -627,9 +637,26 @@ impl Inner {
         }
         let doomed: Vec<ObjectEntry> = m.objects[..drop].to_vec();
         let start = doomed.last().expect("invariant: drop > 0").end;
+        // Queues whose every entry goes: remember where their numbering continues.
+        let mut floors: HashMap<&str, u64> = HashMap::new();
+        for f in &footers[..drop] {
+            for q in &f.queues {
+                let e = floors.entry(q.name.as_str()).or_default();
+                *e = (*e).max(q.first + q.count);
+            }
+        }
+        for f in &footers[drop..] {
+            for q in &f.queues {
+                floors.remove(q.name.as_str());
+            }
+        }
         self.commit(|next| {
             next.objects.retain(|o| o.base >= start);
             next.start = next.start.max(start);
+            for (name, end) in &floors {
+                let e = next.queue_floors.entry((*name).to_owned()).or_default();
+                *e = (*e).max(*end);
+            }
         })
         .await?;
         // Named by no manifest from here on; readers are cut off before the objects go.
@@ -652,17 +679,19 @@ impl Inner {
 
 /// Fills an empty data directory from the manifest's objects (or, when the index is missing,
 /// brings back evicted segments the rebuild needs). Refuses a local log that is behind the
-/// bucket: it belongs to an older owner of the prefix.
+/// bucket: it belongs to an older owner of the prefix. Returns the queue seeds a rebuilt
+/// index needs when retention deleted the start of the log.
 async fn restore_local(
     store: &Arc<dyn ObjectStore>,
     m: &Manifest,
     data_dir: &FsPath,
     max_batch: u32,
-) -> Result<(), Error> {
+) -> Result<Vec<(QueueName, Offset)>, Error> {
     let log_dir = silt_storage::log_dir(data_dir);
     let local = local_segments(&log_dir)?;
     let empty = local.is_empty() || (local.len() == 1 && local[0].1 <= silt_storage::format::SEGMENT_HEADER_LEN);
     let end = m.end();
+    let rebuild = empty || !data_dir.join("index").exists();
     if !empty {
         let local_end = local.last().map_or(0, |(b, l)| b + l);
         if end > 0 && !local.iter().any(|(b, _)| *b == end) {
@@ -671,14 +700,9 @@ async fn restore_local(
                  it was written by another node or is older than the bucket; move it away to recover from the bucket"
             )));
         }
-        if data_dir.join("index").exists() {
-            return Ok(());
+        if !rebuild {
+            return Ok(Vec::new());
         }
-    }
-    let present: std::collections::HashSet<u64> = local.iter().map(|(b, _)| *b).collect();
-    let missing: Vec<&ObjectEntry> = m.objects.iter().filter(|o| !present.contains(&o.base)).collect();
-    if missing.is_empty() && !(empty && end > 0) {
-        return Ok(());
     }
     if empty {
         for (b, _) in &local {
@@ -686,8 +710,12 @@ async fn restore_local(
             std::fs::remove_file(&p).map_err(|e| Error::Recovery(format!("remove {}: {e}", p.display())))?;
         }
     }
+    let present: std::collections::HashSet<u64> = local.iter().map(|(b, _)| *b).collect();
+    let missing: Vec<&ObjectEntry> = m.objects.iter().filter(|o| !present.contains(&o.base)).collect();
     let total: u64 = missing.iter().map(|o| o.end - o.base).sum();
-    tracing::info!(objects = missing.len(), bytes = total, "restoring the commitlog from the object store");
+    if !missing.is_empty() {
+        tracing::info!(objects = missing.len(), bytes = total, "restoring the commitlog from the object store");
+    }
     for o in missing {
         let path = Path::from(o.key.as_str());
         let len = o.end - o.base;
@@ -697,10 +725,60 @@ async fn restore_local(
             .map_err(|e| Error::Recovery(format!("object {} is not a valid segment: {e}", o.key)))?;
         silt_storage::install_segment(&log_dir, LogPosition(o.base), &bytes)?;
     }
-    if empty {
+    if empty && end > 0 {
         silt_storage::start_segment(&log_dir, LogPosition(end))?;
     }
-    Ok(())
+    if m.start == 0 {
+        return Ok(Vec::new()); // nothing deleted: a rebuild numbers every queue from 0 as before
+    }
+    // The first footer naming a queue says where its surviving entries start.
+    let mut seeds: HashMap<String, u64> = m.queue_floors.clone().into_iter().collect();
+    let mut seen = std::collections::HashSet::new();
+    for o in &m.objects {
+        for q in &read_footer(store, o).await?.queues {
+            if seen.insert(q.name.clone()) {
+                seeds.insert(q.name.clone(), q.first);
+            }
+        }
+    }
+    Ok(seeds
+        .into_iter()
+        .filter_map(|(k, v)| Some((footer::parse_queue_key(&k)?, Offset(v))))
+        .filter(|(_, v)| v.get() > 0)
+        .collect())
+}
+
+/// An object's footer, from its tail (two ranged GETs).
+async fn read_footer(store: &Arc<dyn ObjectStore>, o: &ObjectEntry) -> Result<Footer, Error> {
+    let path = Path::from(o.key.as_str());
+    let t = footer::TRAILER_LEN as u64;
+    let trailer = retry("read footer", || store.get_range(&path, o.size - t..o.size)).await?;
+    let n = footer::footer_len(&trailer).map_err(Error::Recovery)? as u64;
+    let json = retry("read footer", || store.get_range(&path, o.size - t - n..o.size - t)).await?;
+    footer::decode(&json).map_err(Error::Recovery)
+}
+
+/// The consume queues with entries in `[from, to)` and where those entries start.
+fn queue_spans(
+    storage: &Storage,
+    f: &Footer,
+    from: LogPosition,
+    to: LogPosition,
+) -> Result<Vec<footer::QueueSpan>, Error> {
+    let mut names: Vec<QueueName> = f.topics.iter().map(|s| QueueName::Topic(s.name.clone())).collect();
+    names.extend(f.partitions.iter().filter_map(|s| footer::parse_queue_key(&format!("p:{}", s.name))));
+    for filter in storage.filters()? {
+        if f.topics.iter().any(|t| silt_types::filter_matches(&filter, &t.name)) {
+            names.push(QueueName::Filter(filter));
+        }
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        if let Some((first, count)) = storage.queue_span(&name, from, to)? {
+            out.push(footer::QueueSpan { name: footer::queue_key(&name), first: first.get(), count });
+        }
+    }
+    Ok(out)
 }
 
 /// `(base, length)` of each segment file, in order.

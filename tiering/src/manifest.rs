@@ -34,6 +34,10 @@ pub struct Manifest {
     pub start: u64,
     /// Segment objects, in log order, back to back from `start`'s object on.
     pub objects: Vec<ObjectEntry>,
+    /// Next offset of each queue whose entries retention deleted entirely, so a rebuilt index
+    /// continues its numbering (queues with entries in `objects` are in their footers).
+    #[serde(default)]
+    pub queue_floors: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

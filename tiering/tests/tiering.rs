@@ -43,7 +43,7 @@ struct Node {
 
 fn start(dir: &Path, cfg: TieringConfig, policies: Policies) -> Node {
     let tiering = Arc::new(Tiering::prepare(cfg, policies, dir, storage_cfg().max_batch_bytes).unwrap());
-    let storage = Arc::new(Storage::open(dir, storage_cfg()).unwrap());
+    let storage = Arc::new(Storage::open_seeded(dir, storage_cfg(), Vec::new(), tiering.seeds()).unwrap());
     tiering.attach(storage.clone()).unwrap();
     storage.wait_dispatched_blocking(storage.stats().log_end).unwrap();
     Node { tiering, storage }
@@ -199,6 +199,10 @@ fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
     for i in 0..200u32 {
         node.storage.append_blocking(&[record("old/a", vec![i as u8; 1000], hour_ago)]).unwrap();
     }
+    // A topic whose every message expires.
+    for i in 0..7u8 {
+        node.storage.append_blocking(&[record("old/gone", vec![i; 100], hour_ago)]).unwrap();
+    }
     let sealed = rt.block_on(node.storage.roll()).unwrap();
     rt.block_on(node.tiering.wait_uploaded(sealed)).unwrap();
     // A fresh record keeps its object (and every later one) alive.
@@ -220,9 +224,14 @@ fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
     assert_eq!(got, vec![(200, Bytes::from_static(b"fresh"))]);
     node.stop();
 
-    // A restart on an empty directory starts at the manifest's start.
+    // A restart on an empty directory starts at the manifest's start and keeps every queue's
+    // numbering, including a queue whose every entry was deleted.
     let b = tempfile::tempdir().unwrap();
     let node = start(b.path(), cfg(store.path()), default_policies());
     assert_eq!(node.storage.floor().get(), m.start);
+    assert_eq!(node.topic("old/a"), vec![(200, Bytes::from_static(b"fresh"))]);
+    let more = node.storage.append_blocking(&[record("old/gone", b"back".to_vec(), Timestamp::now())]).unwrap();
+    node.storage.wait_dispatched_blocking(more.end).unwrap();
+    assert_eq!(node.topic("old/gone"), vec![(7, Bytes::from_static(b"back"))]);
     node.stop();
 }

@@ -73,6 +73,20 @@ impl Storage {
 
     /// Opens the engine with listeners told after each dispatch round.
     pub fn open_with(dir: &Path, config: StorageConfig, listeners: Vec<Arc<dyn DispatchListener>>) -> Result<Storage> {
+        Self::open_seeded(dir, config, listeners, &[])
+    }
+
+    /// Opens the engine; if the index is built from scratch, first gives each seeded queue its
+    /// base offset. Seeds carry offsets across deleted history: when retention removed the
+    /// start of the log, a rebuild would otherwise number a queue's surviving entries from 0.
+    /// A seeded queue holds one placeholder entry at `base - 1` pointing at position 0, below
+    /// the log's floor, so no reader ever sees it and its next entry gets `base`.
+    pub fn open_seeded(
+        dir: &Path,
+        config: StorageConfig,
+        listeners: Vec<Arc<dyn DispatchListener>>,
+        seeds: &[(QueueName, Offset)],
+    ) -> Result<Storage> {
         config.validate().map_err(Error::Invalid)?;
         let (log, active) = LogShared::open(&dir.join("log"), config.clone())?;
         let index_dir = dir.join("index");
@@ -98,6 +112,9 @@ impl Storage {
             }
             Some(c) => c,
         };
+        if index.checkpoint()?.is_none() && !seeds.is_empty() {
+            seed(&index, seeds, cursor)?;
+        }
         let index = Arc::new(index);
         let (progress_tx, progress) = watch::channel(cursor);
         let dispatcher =
@@ -319,6 +336,23 @@ impl Storage {
         self.log.normalize(pos)
     }
 
+    /// `(first offset, count)` of the entries of queue `name` that lie in `[from, to)` (for
+    /// the object footer), if it has any there.
+    pub fn queue_span(&self, name: &QueueName, from: LogPosition, to: LogPosition) -> Result<Option<(Offset, u64)>> {
+        let index = self.index()?;
+        let Some(meta) = index.lookup(name)? else { return Ok(None) };
+        let next = index.last_offset(meta.id)?.map_or(Offset(0), Offset::next);
+        let first = index.first_offset(meta.id)?.unwrap_or(next);
+        let lo = first_held(&index, meta.id, first, next, from)?;
+        let hi = first_held(&index, meta.id, lo, next, to)?;
+        Ok((hi > lo).then(|| (lo, hi.get() - lo.get())))
+    }
+
+    /// Every registered wildcard filter queue.
+    pub fn filters(&self) -> Result<Vec<String>> {
+        Ok(self.index()?.filters()?.into_iter().map(|(f, _)| f).collect())
+    }
+
     /// Positions below this were deleted by retention.
     pub fn floor(&self) -> LogPosition {
         self.log.floor()
@@ -391,6 +425,21 @@ fn control(op: u8, filter: &TopicFilter) -> Record {
     value.push(op);
     value.extend_from_slice(filter.as_str().as_bytes());
     Record { timestamp: Timestamp::now(), value: Bytes::from(value), control: true, ..Record::default() }
+}
+
+/// Registers seeded queues in an empty index (see [`Storage::open_seeded`]).
+fn seed(index: &Index, seeds: &[(QueueName, Offset)], cursor: LogPosition) -> Result<()> {
+    let mut batch = index.batch();
+    let mut next_id = index.next_queue_id()?;
+    for (name, base) in seeds.iter().filter(|(_, b)| b.get() > 0) {
+        let id = QueueId(next_id);
+        next_id += 1;
+        batch.put_queue(&name.encode(), &crate::index::QueueMeta { id, since: cursor });
+        let placeholder = IndexEntry { position: LogPosition(0), size: 0, timestamp: Timestamp(0) };
+        batch.put_entry(id, Offset(base.get() - 1), &placeholder);
+    }
+    batch.put_next_queue_id(next_id);
+    batch.commit(cursor)
 }
 
 /// The first offset in `[from, next)` whose entry lies at or above `floor` (offsets of a queue

@@ -91,7 +91,7 @@ impl IndexEntry {
 
 /// A registered queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct QueueMeta {
+pub struct QueueMeta {
     pub id: QueueId,
     pub since: LogPosition,
 }

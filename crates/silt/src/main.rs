@@ -141,7 +141,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(data_dir = %cfg.data_dir.display(), fsync = ?cfg.storage.fsync, "opening storage");
     let router = Arc::new(Router::default());
     let listener: Arc<dyn silt_storage::DispatchListener> = router.clone();
-    let storage = Storage::open_with(&cfg.data_dir, cfg.storage.clone(), vec![listener])
+    let storage = Storage::open_seeded(&cfg.data_dir, cfg.storage.clone(), vec![listener], tiering.seeds())
         .map(Arc::new)
         .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e}", cfg.data_dir.display()))?;
     tiering.attach(storage.clone()).map_err(|e| anyhow::anyhow!("tiering: {e}"))?;
