@@ -57,6 +57,7 @@ impl ColdStore {
         let cache = Cache::builder()
             .weigher(|_: &(u64, u64), v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
             .max_capacity(cache_bytes)
+            .support_invalidation_closures()
             .build();
         Self { store, rt, objects: RwLock::new(BTreeMap::new()), cache, block, read_ahead, stats }
     }
@@ -71,7 +72,9 @@ impl ColdStore {
         let doomed: Vec<u64> = objects.values().filter(|o| o.end <= pos).map(|o| o.base).collect();
         for b in doomed {
             objects.remove(&b);
-            self.cache.invalidate_entries_if(move |k, _| k.0 == b).ok();
+            if let Err(e) = self.cache.invalidate_entries_if(move |k, _| k.0 == b) {
+                tracing::debug!(error = %e, "block cache invalidation failed; entries age out");
+            }
         }
     }
 

@@ -97,22 +97,53 @@ impl Span {
 
 /// Builds the footer of a sealed segment (`bytes` = the whole file, header included).
 pub fn build(base: u64, bytes: &Bytes, max_batch_bytes: usize) -> Result<Footer, String> {
+    let len = bytes.len() as u64;
+    build_with(base, len, max_batch_bytes, |at, n| {
+        bytes.get(at as usize..(at + n) as usize).map(|b| bytes.slice_ref(b)).ok_or_else(|| "short read".into())
+    })
+}
+
+/// Builds the footer of the sealed segment file at `path` (`len` bytes), reading one batch at
+/// a time with positioned reads: memory stays at one batch, whatever the segment size.
+pub fn build_from_file(path: &std::path::Path, base: u64, len: u64, max_batch_bytes: usize) -> Result<Footer, String> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    build_with(base, len, max_batch_bytes, |at, n| {
+        let mut buf = vec![0u8; n as usize];
+        file.read_exact_at(&mut buf, at).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Bytes::from(buf))
+    })
+}
+
+/// Walks the batches of a segment of `len` bytes through `read(offset, n)`.
+fn build_with(
+    base: u64,
+    len: u64,
+    max_batch_bytes: usize,
+    read: impl Fn(u64, u64) -> Result<Bytes, String>,
+) -> Result<Footer, String> {
     let mut topics: BTreeMap<String, Span> = BTreeMap::new();
     let mut partitions: BTreeMap<String, Span> = BTreeMap::new();
-    let mut footer = Footer { format: 1, base, end: base + bytes.len() as u64, ..Footer::default() };
+    let mut footer = Footer { format: 1, base, end: base + len, ..Footer::default() };
     let mut first = true;
-    let mut at = SEGMENT_HEADER_LEN as usize;
-    format::check_segment_header(bytes.get(..at).ok_or("segment shorter than its header")?)
-        .map_err(|e| format!("segment at {base}: {e}"))?;
-    while at < bytes.len() {
-        let total = format::peek_frame(&bytes[at..], max_batch_bytes)
+    if len < SEGMENT_HEADER_LEN {
+        return Err(format!("segment at {base} is shorter than its header"));
+    }
+    format::check_segment_header(&read(0, SEGMENT_HEADER_LEN)?).map_err(|e| format!("segment at {base}: {e}"))?;
+    let mut at = SEGMENT_HEADER_LEN;
+    while at < len {
+        let head = read(at, (format::FRAME_LEN as u64).min(len - at))?;
+        let total = format::peek_frame(&head, max_batch_bytes)
             .map_err(|e| format!("segment at {base}, offset {at}: {e}"))?
-            .ok_or_else(|| format!("segment at {base}: partial frame at offset {at}"))?;
-        let frame = bytes.slice(at..at + total);
+            .ok_or_else(|| format!("segment at {base}: partial frame at offset {at}"))? as u64;
+        if at + total > len {
+            return Err(format!("segment at {base}: batch at offset {at} runs past the end"));
+        }
+        let frame = read(at, total)?;
         let view = format::check_batch(frame, max_batch_bytes).map_err(|e| format!("segment at {base}: {e}"))?;
-        let range = (at as u64, (at + total) as u64);
-        for &(off, len) in &view.records {
-            let rec = &view.frame[off as usize..(off + len) as usize];
+        let range = (at, at + total);
+        for &(off, rlen) in &view.records {
+            let rec = &view.frame[off as usize..(off + rlen) as usize];
             let head = RecordHead::decode(rec).map_err(|e| format!("segment at {base}: {e}"))?;
             if head.control {
                 continue;
@@ -127,11 +158,11 @@ pub fn build(base: u64, bytes: &Bytes, max_batch_bytes: usize) -> Result<Footer,
             footer.min_ts = footer.min_ts.min(ts);
             footer.max_ts = footer.max_ts.max(ts);
             if !head.topic.is_empty() {
-                span(&mut topics, head.topic).add(range, u64::from(len), ts);
+                span(&mut topics, head.topic).add(range, u64::from(rlen), ts);
             }
             if !head.stream.is_empty() {
                 let name = format!("{}/{}", head.stream, head.partition.get());
-                span(&mut partitions, &name).add(range, u64::from(len), ts);
+                span(&mut partitions, &name).add(range, u64::from(rlen), ts);
             }
         }
         at += total;
@@ -148,13 +179,13 @@ fn span<'m>(map: &'m mut BTreeMap<String, Span>, name: &str) -> &'m mut Span {
     map.get_mut(name).expect("invariant: inserted above")
 }
 
-/// The object: segment bytes, footer, trailer.
-pub fn encode(segment: Bytes, footer: &Footer) -> Vec<Bytes> {
-    let json = serde_json::to_vec(footer).expect("invariant: the footer serializes");
-    let mut trailer = Vec::with_capacity(TRAILER_LEN);
-    trailer.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    trailer.extend_from_slice(FOOTER_MAGIC);
-    vec![segment, Bytes::from(json), Bytes::from(trailer)]
+/// What follows the segment bytes in the object: the footer and the trailer.
+pub fn encode_tail(footer: &Footer) -> Bytes {
+    let mut out = serde_json::to_vec(footer).expect("invariant: the footer serializes");
+    let n = out.len() as u32;
+    out.extend_from_slice(&n.to_le_bytes());
+    out.extend_from_slice(FOOTER_MAGIC);
+    Bytes::from(out)
 }
 
 /// Parses the trailer (the last [`TRAILER_LEN`] bytes of an object): the footer's length.
@@ -218,8 +249,7 @@ mod tests {
         let pb = f.partitions.iter().find(|s| s.name == "b/0").unwrap();
         assert_eq!(pb.ranges, vec![(16 + l1, 16 + l1 + l2)]);
 
-        let parts = encode(Bytes::from_static(b"seg"), &f);
-        let all: Vec<u8> = parts.iter().flat_map(|b| b.iter().copied()).collect();
+        let all: Vec<u8> = [b"seg".as_slice(), &encode_tail(&f)].concat();
         let n = footer_len(&all[all.len() - TRAILER_LEN..]).unwrap();
         let json = &all[all.len() - TRAILER_LEN - n..all.len() - TRAILER_LEN];
         assert_eq!(decode(json).unwrap(), f);

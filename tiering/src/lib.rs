@@ -366,22 +366,17 @@ impl Inner {
         }
     }
 
-    /// Uploads one sealed segment and commits it to the manifest.
+    /// Uploads one sealed segment and commits it to the manifest. The file is read in parts
+    /// (one PUT when small, a multipart upload otherwise), so memory stays at a few parts.
     async fn upload(&self, seg: &SealedSegment) -> Result<(), Error> {
-        let bytes = Bytes::from(
-            tokio::fs::read(&seg.path)
-                .await
-                .map_err(|e| Error::Recovery(format!("read sealed segment {}: {e}", seg.path.display())))?,
-        );
-        if bytes.len() as u64 != seg.end.get() - seg.base.get() {
-            return Err(Error::Recovery(format!("segment {} changed after sealing", seg.path.display())));
-        }
+        let len = seg.end.get() - seg.base.get();
         let max_batch = self.storage().config().max_batch_bytes as usize;
         let base = seg.base.get();
-        let (footer, bytes) = tokio::task::spawn_blocking(move || (footer::build(base, &bytes, max_batch), bytes))
+        let file = seg.path.clone();
+        let mut footer = tokio::task::spawn_blocking(move || footer::build_from_file(&file, base, len, max_batch))
             .await
-            .map_err(|e| Error::Recovery(e.to_string()))?;
-        let mut footer = footer.map_err(Error::Recovery)?;
+            .map_err(|e| Error::Recovery(e.to_string()))?
+            .map_err(Error::Recovery)?;
         let storage = self.storage().clone();
         storage.wait_dispatched(seg.end).await?;
         let (from, to) = (seg.base, seg.end);
@@ -390,27 +385,35 @@ impl Inner {
             .await
             .map_err(|e| Error::Recovery(e.to_string()))??;
         let key = format!("segments/{base:020}-{:08}.seg", self.epoch);
-        let parts = footer::encode(bytes, &footer);
-        let size: u64 = parts.iter().map(|b| b.len() as u64).sum();
+        let tail = footer::encode_tail(&footer);
+        let size = len + tail.len() as u64;
         let path = Path::from(key.as_str());
-        let part_bytes = self.cfg.multipart_part_bytes as usize;
+        let part = self.cfg.multipart_part_bytes;
         let store = self.store.clone();
+        let file = seg.path.clone();
         retry("upload segment", || {
-            let (store, path, parts) = (store.clone(), path.clone(), parts.clone());
+            let (store, path, tail, file) = (store.clone(), path.clone(), tail.clone(), file.clone());
             async move {
-                if size as usize <= part_bytes {
-                    store.put(&path, parts.into_iter().collect::<PutPayload>()).await.map(|_| ())
-                } else {
-                    let mut w = WriteMultipart::new_with_chunk_size(store.put_multipart(&path).await?, part_bytes);
-                    for p in parts {
-                        if let Err(e) = w.wait_for_capacity(4).await {
-                            let _ = w.abort().await;
-                            return Err(e);
-                        }
-                        w.put(p);
-                    }
-                    w.finish().await.map(|_| ())
+                if size <= part {
+                    let data = read_part(&file, 0, len).await?;
+                    return store.put(&path, PutPayload::from_iter([data, tail])).await.map(|_| ());
                 }
+                let mut w = WriteMultipart::new_with_chunk_size(store.put_multipart(&path).await?, part as usize);
+                let mut at = 0;
+                while at < len {
+                    let n = part.min(len - at);
+                    let sent = match read_part(&file, at, n).await {
+                        Ok(chunk) => w.wait_for_capacity(2).await.map(|_| w.put(chunk)),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = sent {
+                        let _ = w.abort().await;
+                        return Err(e);
+                    }
+                    at += n;
+                }
+                w.put(tail);
+                w.finish().await.map(|_| ())
             }
         })
         .await?;
@@ -674,6 +677,24 @@ impl Inner {
         }
         tracing::info!(objects = doomed.len(), start, "retention deleted expired objects");
         Ok(())
+    }
+}
+
+/// Reads `n` bytes of a sealed segment file at `at` (off the runtime threads).
+async fn read_part(file: &std::path::Path, at: u64, n: u64) -> Result<Bytes, object_store::Error> {
+    use std::os::unix::fs::FileExt;
+    let file = file.to_path_buf();
+    let read = tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(&file)?;
+        let mut buf = vec![0u8; n as usize];
+        f.read_exact_at(&mut buf, at)?;
+        Ok::<_, std::io::Error>(Bytes::from(buf))
+    })
+    .await;
+    match read {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => Err(object_store::Error::Generic { store: "local segment", source: Box::new(e) }),
+        Err(e) => Err(object_store::Error::Generic { store: "local segment", source: Box::new(e) }),
     }
 }
 

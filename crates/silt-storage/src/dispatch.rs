@@ -146,7 +146,10 @@ impl Dispatcher {
         let mut cursor = self.log.normalize(self.cursor);
         if cursor >= end {
             if cursor != self.cursor {
+                // Only segment headers lay between: nothing to index, but the log is indexed
+                // up to here (a roll with nothing after it must not leave waiters behind).
                 self.cursor = cursor;
+                self.progress.send_replace(cursor);
             }
             return Ok(false);
         }

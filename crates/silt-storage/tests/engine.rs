@@ -49,6 +49,30 @@ fn offsets_stay_dense_across_restarts_and_segment_rolls() {
 }
 
 #[test]
+fn a_roll_with_nothing_after_it_is_fully_indexed_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let r = record("s", 0, "a/b", "v");
+    s.append_blocking(std::slice::from_ref(&r)).unwrap();
+    let sealed = block_on_rt(s.roll()).unwrap();
+    assert_eq!(s.sealed_segments().last().unwrap().end, sealed);
+    s.close().unwrap();
+    let s = open(dir.path());
+    // The log now ends on the empty segment's header; waiting for it must not hang.
+    let end = s.stats().log_end;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s = Arc::new(s);
+    let s2 = s.clone();
+    std::thread::spawn(move || tx.send(s2.wait_dispatched_blocking(end)).unwrap());
+    rx.recv_timeout(std::time::Duration::from_secs(10)).expect("dispatch reached the end of the log").unwrap();
+    assert_eq!(queue(&s, &topic("a/b")), vec![r]);
+}
+
+fn block_on_rt<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+}
+
+#[test]
 fn concurrent_appenders_share_group_commits_and_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = Arc::new(open_with_fsync(dir.path(), FsyncPolicy::Always));
