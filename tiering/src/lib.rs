@@ -46,8 +46,8 @@ pub trait InternalState: Send + Sync + 'static {
     /// No internal record below this position is still needed.
     fn floor(&self) -> LogPosition;
     /// Asked when retention is held back by the floor: write the live state anew (a dump), so
-    /// the floor can move past old segments.
-    fn compact(&self);
+    /// the floor can move past `target`.
+    fn compact(&self, target: LogPosition);
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -604,9 +604,14 @@ impl Inner {
         let now = Timestamp::now().get();
         let floor = self.internal.get().map_or(0, |i| i.floor().get());
         let mut drop = 0;
-        let mut held_by_internal = false;
+        let mut held_by_internal = None;
         for (i, f) in footers.iter().enumerate() {
             let topic_expired = |name: &str, max_ts: i64| {
+                // `$SYS` history is worthless: the current figures live on as retained
+                // messages, which the internal floor protects.
+                if name.starts_with("$SYS/") {
+                    return true;
+                }
                 let p = self.policies.for_topic(name);
                 let by_age = p.retention_ms > 0 && now.saturating_sub(max_ts) > p.retention_ms as i64;
                 let by_size = p.retention_bytes > 0 && newer[i].get(name).copied().unwrap_or(0) >= p.retention_bytes;
@@ -629,11 +634,13 @@ impl Inner {
                 drop = i + 1;
                 continue;
             }
-            held_by_internal = topics_expired && others_expired && internal_needed;
+            if topics_expired && others_expired && internal_needed {
+                held_by_internal = Some(f.end);
+            }
             break;
         }
-        if held_by_internal && let Some(i) = self.internal.get() {
-            i.compact();
+        if let (Some(target), Some(i)) = (held_by_internal, self.internal.get()) {
+            i.compact(LogPosition(target));
         }
         if drop == 0 {
             return Ok(());

@@ -9,14 +9,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use silt_storage::{Appended, DispatchListener, Dispatched, IndexEntry, Storage};
+use silt_storage::{Appended, DispatchListener, Dispatched, IndexEntry, Record, Storage};
 use silt_types::{LogPosition, Offset, Timestamp, TopicFilter, TopicTrie};
 use tokio::sync::Notify;
 
 use crate::config::MqttConfig;
 use crate::internal;
 use crate::message::Message;
-use crate::retained::{RETAINED_STREAM, RetainedStore};
+use crate::retained::{RETAINED_COPY_STREAM, RETAINED_STREAM, RetainedStore};
 use crate::session::{
     SESSIONS_STREAM, SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions, parse_shared,
     queue_for,
@@ -762,10 +762,33 @@ impl Broker {
         Ok(floor)
     }
 
-    /// Writes fresh dumps of the sessions and retained pointers, so the internal floor moves
-    /// up to the end of the log (except for old retained messages, which stay where they are).
-    pub async fn dump_internal(&self) -> silt_storage::Result<()> {
+    /// Writes fresh dumps of the sessions and retained pointers, and copies retained messages
+    /// stored below `target` forward, so the internal floor moves past `target`.
+    pub async fn dump_internal(&self, target: LogPosition) -> silt_storage::Result<()> {
         let _guard = self.dump_lock.lock().await;
+        let old = self.retained.read().expect("invariant: lock not poisoned").older_than(target);
+        let copied = old.len();
+        for (topic, entry) in old {
+            let original = self.storage.read_record(&entry)?;
+            let copy = Record {
+                stream: RETAINED_COPY_STREAM.into(),
+                partition: silt_types::Partition(0),
+                topic: String::new(),
+                key: Some(bytes::Bytes::copy_from_slice(topic.as_bytes())),
+                ..original
+            };
+            let size = copy.encoded_len() as u32;
+            let appended = self.storage.append(std::slice::from_ref(&copy)).await?;
+            let moved = IndexEntry { position: appended.positions[0], size, timestamp: entry.timestamp };
+            let mut retained = self.retained.write().expect("invariant: lock not poisoned");
+            // A publish that replaced the message meanwhile wins.
+            if retained.get(&topic) == Some(entry) {
+                retained.set(&topic, Some(moved));
+            }
+        }
+        if copied > 0 {
+            tracing::info!(copied, "old retained messages copied forward for retention");
+        }
         let start = internal::stream_end(&self.storage, RETAINED_STREAM)?;
         let dump = self.retained.read().expect("invariant: lock not poisoned").dump();
         for chunk in dump.chunks(1000) {
@@ -833,7 +856,15 @@ impl Broker {
         entries
             .into_iter()
             .filter_map(|e| match self.storage.read_record(&e) {
-                Ok(r) => Some(Message::from_record(r)),
+                Ok(r) => {
+                    // A copied-forward message carries its topic only in the key.
+                    let key = r.key.clone().filter(|_| r.topic.is_empty());
+                    let mut m = Message::from_record(r);
+                    if let Some(k) = key {
+                        m.topic = String::from_utf8_lossy(&k).into_owned();
+                    }
+                    Some(m)
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "retained message unreadable");
                     None

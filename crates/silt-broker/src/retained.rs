@@ -15,6 +15,11 @@ use silt_types::{LogPosition, Partition, Timestamp, TopicFilter};
 /// Internal stream of retained-message pointers.
 pub const RETAINED_STREAM: &str = "__silt_retained";
 
+/// Internal stream of retained messages copied forward out of old segments, so a retained
+/// message that is never replaced does not hold retention back. A copy has no MQTT topic (so
+/// nobody is notified of it); its key is the topic.
+pub const RETAINED_COPY_STREAM: &str = "__silt_retained_copies";
+
 #[derive(Debug, Default)]
 struct Node {
     children: HashMap<String, Node>,
@@ -61,6 +66,28 @@ impl RetainedStore {
                 }
             }
         }
+    }
+
+    /// The retained message of one topic.
+    pub fn get(&self, topic: &str) -> Option<IndexEntry> {
+        let filter = silt_types::TopicFilter::new(topic.to_owned()).ok()?;
+        let levels: Vec<&str> = filter.levels().collect();
+        let mut out = Vec::new();
+        walk(&self.root, &levels, true, &mut out);
+        out.pop()
+    }
+
+    /// `(topic, entry)` of every retained message stored below `pos`.
+    pub fn older_than(&self, pos: LogPosition) -> Vec<(String, IndexEntry)> {
+        self.dump()
+            .into_iter()
+            .filter_map(|r| {
+                let topic = String::from_utf8(r.key?.to_vec()).ok()?;
+                let at = LogPosition(u64::from_be_bytes(r.value.get(..8)?.try_into().ok()?));
+                let size = u32::from_be_bytes(r.value.get(8..12)?.try_into().ok()?);
+                (at < pos).then_some((topic, IndexEntry { position: at, size, timestamp: r.timestamp }))
+            })
+            .collect()
     }
 
     /// Every retained message whose topic matches `filter`.

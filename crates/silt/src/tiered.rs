@@ -44,7 +44,7 @@ impl InternalState for Internal {
         }
     }
 
-    fn compact(&self) {
+    fn compact(&self, target: LogPosition) {
         let mut last = self.last_dump.lock().expect("invariant: lock not poisoned");
         if last.is_some_and(|t| t.elapsed() < MIN_DUMP_INTERVAL) {
             return;
@@ -53,7 +53,7 @@ impl InternalState for Internal {
         let broker = self.broker.clone();
         self.rt.spawn(async move {
             let Some(b) = broker.upgrade() else { return };
-            match b.dump_internal().await {
+            match b.dump_internal(target).await {
                 Ok(()) => tracing::info!("internal state dumped so retention can delete old segments"),
                 Err(e) => tracing::warn!(error = %e, "internal state dump failed"),
             }

@@ -45,7 +45,11 @@ impl Silt {
         });
         let line = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(l) => l,
-            Err(_) => panic!("silt did not start; log: {:#?}", log.lock().unwrap()),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("silt did not start; log: {:#?}", log.lock().unwrap())
+            }
         };
         let port = line
             .split("mqtt=127.0.0.1:")
