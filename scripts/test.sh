@@ -11,8 +11,9 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 step() { printf '\n==> %s\n' "$*"; }
 
 # --- system packages ---------------------------------------------------------------------
-# libclang-dev: bindgen for RocksDB; protobuf-compiler: gRPC; mosquitto(-clients): MQTT peers.
-apt_packages=(libclang-dev protobuf-compiler mosquitto mosquitto-clients)
+# libclang-dev: bindgen for RocksDB; protobuf-compiler: gRPC; mosquitto(-clients): MQTT peers;
+# openssl: certificates for the TLS tests.
+apt_packages=(libclang-dev protobuf-compiler mosquitto mosquitto-clients openssl)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -25,11 +25,16 @@ class Silt:
             text=True,
         )
         self.log = []
+        # The port of every listener, by kind (tcp, tls, ws, wss), from the "listener bound" lines.
+        self.ports = {}
         ready = threading.Event()
 
         def pump():
             for line in self.proc.stderr:
                 self.log.append(line)
+                bound = re.search(r"mqtt listener bound kind=(\w+) addr=127\.0\.0\.1:(\d+)", line)
+                if bound:
+                    self.ports[bound.group(1)] = int(bound.group(2))
                 m = re.search(r"mqtt=127\.0\.0\.1:(\d+)", line)
                 if m and "silt is running" in line:
                     self.port = int(m.group(1))
@@ -64,15 +69,25 @@ def silt(data_dir):
 
 
 class Client:
-    """A paho client that records what it receives."""
+    """A paho client that records what it receives.
+
+    `transport` is "tcp" (the default), "tls", "ws" or "wss": the listener of that kind, with
+    `ca_file` as the trusted certificate for the TLS ones. `manual_ack` leaves QoS 1/2
+    acknowledgements to the test (`c.ack(mid, qos)`)."""
 
     def __init__(self, silt, client_id="", protocol=mqtt.MQTTv5, clean=True, properties=None, will=None,
-                 username=None, password=None):
+                 username=None, password=None, transport="tcp", ca_file=None, manual_ack=False):
         self.messages = queue.Queue()
         self.disconnects = queue.Queue()
         self.connack = queue.Queue()
         self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol,
-                             clean_session=None if protocol == mqtt.MQTTv5 else clean)
+                             clean_session=None if protocol == mqtt.MQTTv5 else clean,
+                             transport="websockets" if transport in ("ws", "wss") else "tcp",
+                             manual_ack=manual_ack)
+        if transport in ("ws", "wss"):
+            self.c.ws_set_options(path="/mqtt")
+        if transport in ("tls", "wss"):
+            self.c.tls_set(ca_certs=ca_file)
         self.c.on_message = lambda c, u, msg: self.messages.put(msg)
         self.c.on_connect = lambda c, u, flags, rc, props: self.connack.put((flags, rc, props))
         self.published = queue.Queue()
@@ -85,7 +100,8 @@ class Client:
         if will:
             self.c.will_set(**will)
         kwargs = {"clean_start": clean, "properties": properties} if protocol == mqtt.MQTTv5 else {}
-        self.c.connect("127.0.0.1", silt.port, keepalive=30, **kwargs)
+        port = silt.port if transport == "tcp" else silt.ports[transport]
+        self.c.connect("127.0.0.1", port, keepalive=30, **kwargs)
         self.c.loop_start()
         self.flags, self.rc, self.props = self.connack.get(timeout=10)
 
@@ -104,3 +120,70 @@ class Client:
         """Ends the TCP connection without DISCONNECT (an abnormal close)."""
         self.c.loop_stop()
         self.c.socket().close()
+
+
+@pytest.fixture
+def mosquitto():
+    """Starts mosquitto_pub/mosquitto_sub (see mosquitto_cli.py); kills what still runs at teardown."""
+    from mosquitto_cli import Mosquitto
+
+    m = Mosquitto()
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def tls_cert():
+    """A self-signed certificate for 127.0.0.1 and localhost (made with the openssl CLI): (cert, key)."""
+    with tempfile.TemporaryDirectory() as d:
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
+             "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+            check=True, capture_output=True, timeout=30,
+        )
+        yield cert, key
+
+
+def tls_listener_args(tls_cert):
+    """`silt serve` flags for TLS, WebSocket and WebSocket-over-TLS listeners on ephemeral ports."""
+    cert, key = tls_cert
+    return ["--mqtt-tls", "127.0.0.1:0", "--mqtt-ws", "127.0.0.1:0", "--mqtt-wss", "127.0.0.1:0",
+            "--tls-cert", cert, "--tls-key", key]
+
+
+def auth_config(data_dir, users, acl_lines=None):
+    """A password file (written by `silt passwd`) and an optional ACL file in data_dir; returns the
+    `[mqtt.auth]` config table naming them. `users` maps user name to password."""
+    passwd = os.path.join(data_dir, "passwd")
+    for user, pw in users.items():
+        subprocess.run([SILT_BIN, "passwd", passwd, user], input=pw + "\n", text=True, check=True,
+                       capture_output=True, timeout=60)
+    toml = f'[mqtt.auth]\npassword_file = "{passwd}"\n'
+    if acl_lines is not None:
+        acl = os.path.join(data_dir, "acl")
+        with open(acl, "w") as f:
+            f.write("".join(line + "\n" for line in acl_lines))
+        toml += f'acl_file = "{acl}"\n'
+    return toml
+
+
+@pytest.fixture
+def start_silt(data_dir):
+    """Starts a `silt serve` with `toml` as its config file and extra flags; kills it at teardown."""
+    started = []
+
+    def start(toml="", extra_args=()):
+        n = len(started)
+        cfg = os.path.join(data_dir, f"silt-{n}.toml")
+        with open(cfg, "w") as f:
+            f.write(toml)
+        s = Silt(os.path.join(data_dir, f"data-{n}"), ["--config", cfg, *extra_args])
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        if s.proc.poll() is None:
+            s.kill()

@@ -102,3 +102,19 @@ def test_will_to_a_forbidden_topic_refuses_the_connection(secured):
     will = {"topic": "alice/fake", "payload": b"x", "qos": 1}
     rc = connack_code(secured, mqtt.MQTTv5, "bob", "builder", client_id="w", will=will)
     assert rc is not None and rc.value == 0x87
+
+
+def test_acl_refusals_in_311(secured):
+    """3.1.1 has one refusal code (SUBACK 0x80) and none for a publish: acknowledged, dropped."""
+    alice = Client(secured, "alice-311", protocol=mqtt.MQTTv311, username="alice", password="wonderland")
+    alice.c.subscribe([("alice/#", 1), ("bob/#", 1)])
+    assert [rc.value for rc in alice.subacks.get(timeout=5)] == [1, 0x80]
+    info = alice.c.publish("bob/inbox", b"x", qos=1)
+    mid, rc = alice.published.get(timeout=5)
+    assert mid == info.mid and rc.value == 0, "a plain PUBACK"
+    # The deny rule under alice's own grant: acknowledged, not delivered.
+    alice.c.publish("alice/secret/x", b"dropped", qos=1).wait_for_publish(5)
+    alice.c.publish("alice/notes", b"delivered", qos=1).wait_for_publish(5)
+    assert alice.get().payload == b"delivered"
+    assert alice.none()
+    alice.close()
