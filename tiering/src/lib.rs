@@ -744,14 +744,17 @@ async fn restore_local(
     if !missing.is_empty() {
         tracing::info!(objects = missing.len(), bytes = total, "restoring the commitlog from the object store");
     }
+    std::fs::create_dir_all(&log_dir).map_err(|e| Error::Recovery(format!("{}: {e}", log_dir.display())))?;
     for o in missing {
-        let path = Path::from(o.key.as_str());
-        let len = o.end - o.base;
-        let bytes = retry("download segment", || store.get_range(&path, 0..len)).await?;
-        // The footer check proves the object is the one the manifest names.
-        footer::build(o.base, &bytes, max_batch as usize)
+        let staged = silt_storage::staging_path(&log_dir, LogPosition(o.base));
+        retry("download segment", || download(store, o, &staged)).await?;
+        // Every batch's CRC is checked: the object is the segment the manifest names.
+        let (base, len, check) = (o.base, o.end - o.base, staged.clone());
+        tokio::task::spawn_blocking(move || footer::build_from_file(&check, base, len, max_batch as usize))
+            .await
+            .map_err(|e| Error::Recovery(e.to_string()))?
             .map_err(|e| Error::Recovery(format!("object {} is not a valid segment: {e}", o.key)))?;
-        silt_storage::install_segment(&log_dir, LogPosition(o.base), &bytes)?;
+        silt_storage::install_segment_file(&log_dir, LogPosition(o.base))?;
     }
     if empty && end > 0 {
         silt_storage::start_segment(&log_dir, LogPosition(end))?;
@@ -774,6 +777,31 @@ async fn restore_local(
         .filter_map(|(k, v)| Some((footer::parse_queue_key(&k)?, Offset(v))))
         .filter(|(_, v)| v.get() > 0)
         .collect())
+}
+
+/// Streams the segment part of an object (without its footer) into `to`.
+async fn download(store: &Arc<dyn ObjectStore>, o: &ObjectEntry, to: &FsPath) -> Result<(), object_store::Error> {
+    use futures_util::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let local = |e: std::io::Error| object_store::Error::Generic { store: "local segment", source: Box::new(e) };
+    let path = Path::from(o.key.as_str());
+    let opts = object_store::GetOptions { range: Some((0..o.end - o.base).into()), ..Default::default() };
+    let mut body = store.get_opts(&path, opts).await?.into_stream();
+    let mut file = tokio::fs::File::create(to).await.map_err(local)?;
+    let mut written = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk?;
+        written += chunk.len() as u64;
+        file.write_all(&chunk).await.map_err(local)?;
+    }
+    file.flush().await.map_err(local)?;
+    if written != o.end - o.base {
+        return Err(object_store::Error::Generic {
+            store: "segment object",
+            source: format!("{}: got {written} bytes, expected {}", o.key, o.end - o.base).into(),
+        });
+    }
+    Ok(())
 }
 
 /// An object's footer, from its tail (two ranged GETs).

@@ -32,4 +32,4 @@ pub use error::{Error, ErrorKind, Result};
 pub use format::Record;
 pub use index::{IndexEntry, QueueName};
 pub use log::{Appended, ColdReader, SealedSegment};
-pub use restore::{install_segment, log_dir, start_segment};
+pub use restore::{install_segment_file, log_dir, staging_path, start_segment};
