@@ -6,56 +6,83 @@
 //! properties allowed once (Protocol Error). Encoding writes fields in the spec's table order
 //! and rejects values decoding would refuse (zero Receive Maximum, Maximum QoS 2, ...).
 //! These sets are ignored when encoding for MQTT 3.x, which has no properties.
+//!
+//! Each set is declared once with `property_set!`: per field its property identifier and
+//! value kind ([`crate::property::kind`]); decoding, encoding and so the encoded length follow
+//! from that declaration.
 
 use bytes::Bytes;
 
 use crate::error::{DecodeError, EncodeError, ProtocolViolation};
-use crate::property::{
-    Property, PropertyId as Id, PropertySet, UserProperty, nonzero, not_allowed, once, put_bin, put_flag, put_str,
-    put_sub_id, put_u16, put_u32, put_users,
-};
+use crate::property::{Property, PropertyId as Id, PropertySet, UserProperty, kind, not_allowed, put, store};
 use crate::types::QoS;
 use crate::wire::Sink;
 
-fn has_wildcard(topic: &str) -> bool {
-    topic.contains(['+', '#'])
-}
+/// Declares a property set: the struct with, per field, the property's identifier and value
+/// kind (`Option` field: allowed once; `Vec` field: may repeat, wire order kept), and its
+/// [`PropertySet`] impl. Decoding stores each property in the field declared with its
+/// identifier and refuses any other; encoding writes the fields in declaration order, which is
+/// the spec's table order. Whatever follows the struct (the `validate` and `check` rules) goes
+/// into the impl as it is. A kind whose value type is not the field's does not compile; an
+/// identifier declared twice in one set is an unreachable match arm (denied by clippy's
+/// `-D warnings`).
+macro_rules! property_set {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident in $context:literal {
+            $(
+                $(#[$field_meta:meta])*
+                pub $field:ident: $ty:ty = $id:ident as $kind:ident,
+            )+
+        }
+        $($rules:tt)*
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct $name {
+            $($(#[$field_meta])* pub $field: $ty,)+
+        }
 
-/// CONNECT properties (spec §3.1.2.11).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConnectProperties {
-    pub session_expiry_interval: Option<u32>,
-    pub receive_maximum: Option<u16>,
-    pub maximum_packet_size: Option<u32>,
-    pub topic_alias_maximum: Option<u16>,
-    pub request_response_information: Option<bool>,
-    pub request_problem_information: Option<bool>,
-    pub user_properties: Vec<UserProperty>,
-    pub authentication_method: Option<String>,
-    pub authentication_data: Option<Bytes>,
-}
+        impl PropertySet for $name {
+            const CONTEXT: &'static str = $context;
 
-impl PropertySet for ConnectProperties {
-    const CONTEXT: &'static str = "CONNECT";
-
-    fn apply(&mut self, p: Property) -> Result<(), DecodeError> {
-        match p {
-            Property::U32(id @ Id::SessionExpiryInterval, v) => once(&mut self.session_expiry_interval, v, id),
-            Property::U16(id @ Id::ReceiveMaximum, v) => once(&mut self.receive_maximum, v, id),
-            Property::U32(id @ Id::MaximumPacketSize, v) => once(&mut self.maximum_packet_size, v, id),
-            Property::U16(id @ Id::TopicAliasMaximum, v) => once(&mut self.topic_alias_maximum, v, id),
-            Property::Flag(id @ Id::RequestResponseInformation, v) => {
-                once(&mut self.request_response_information, v, id)
+            fn apply(&mut self, property: Property) -> Result<(), DecodeError> {
+                match property.id() {
+                    $(Id::$id => store::<Self, kind::$kind>(&mut self.$field, property),)+
+                    other => Err(not_allowed::<Self>(other)),
+                }
             }
-            Property::Flag(id @ Id::RequestProblemInformation, v) => once(&mut self.request_problem_information, v, id),
-            Property::User(pair) => {
-                self.user_properties.push(pair);
+
+            fn write(&self, sink: &mut impl Sink) -> Result<(), EncodeError> {
+                $(put::<kind::$kind>(sink, Id::$id, &self.$field)?;)+
                 Ok(())
             }
-            Property::String(id @ Id::AuthenticationMethod, v) => once(&mut self.authentication_method, v, id),
-            Property::Binary(id @ Id::AuthenticationData, v) => once(&mut self.authentication_data, v, id),
-            other => Err(not_allowed::<Self>(&other)),
+
+            $($rules)*
         }
+    };
+}
+
+/// A Response Topic is a topic name, so it may not hold wildcards.
+fn check_response_topic(topic: Option<&str>) -> Result<(), DecodeError> {
+    if topic.is_some_and(|t| t.contains(['+', '#'])) {
+        return Err(ProtocolViolation::WildcardInTopicName.into());
+    }
+    Ok(())
+}
+
+property_set! {
+    /// CONNECT properties (spec §3.1.2.11).
+    pub struct ConnectProperties in "CONNECT" {
+        pub session_expiry_interval: Option<u32> = SessionExpiryInterval as U32,
+        pub receive_maximum: Option<u16> = ReceiveMaximum as U16,
+        pub maximum_packet_size: Option<u32> = MaximumPacketSize as U32,
+        pub topic_alias_maximum: Option<u16> = TopicAliasMaximum as U16,
+        pub request_response_information: Option<bool> = RequestResponseInformation as Flag,
+        pub request_problem_information: Option<bool> = RequestProblemInformation as Flag,
+        pub user_properties: Vec<UserProperty> = UserProperty as Pair,
+        pub authentication_method: Option<String> = AuthenticationMethod as Utf8,
+        pub authentication_data: Option<Bytes> = AuthenticationData as Binary,
     }
 
     fn validate(&self) -> Result<(), DecodeError> {
@@ -65,220 +92,81 @@ impl PropertySet for ConnectProperties {
         Ok(())
     }
 
-    fn write(&self, s: &mut impl Sink) -> Result<(), EncodeError> {
+    fn check(&self) -> Result<(), EncodeError> {
         if self.authentication_data.is_some() && self.authentication_method.is_none() {
             return Err(EncodeError::Invalid("authentication data without authentication method"));
         }
-        put_u32(s, Id::SessionExpiryInterval, self.session_expiry_interval);
-        put_u16(s, Id::ReceiveMaximum, nonzero(self.receive_maximum, "receive maximum 0")?);
-        put_u32(s, Id::MaximumPacketSize, nonzero(self.maximum_packet_size, "maximum packet size 0")?);
-        put_u16(s, Id::TopicAliasMaximum, self.topic_alias_maximum);
-        put_flag(s, Id::RequestResponseInformation, self.request_response_information);
-        put_flag(s, Id::RequestProblemInformation, self.request_problem_information);
-        put_users(s, &self.user_properties)?;
-        put_str(s, Id::AuthenticationMethod, self.authentication_method.as_deref())?;
-        put_bin(s, Id::AuthenticationData, self.authentication_data.as_ref())
+        Ok(())
     }
 }
 
-/// Will properties carried in the CONNECT payload (spec §3.1.3.2).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WillProperties {
-    pub will_delay_interval: Option<u32>,
-    pub payload_format_indicator: Option<bool>,
-    pub message_expiry_interval: Option<u32>,
-    pub content_type: Option<String>,
-    pub response_topic: Option<String>,
-    pub correlation_data: Option<Bytes>,
-    pub user_properties: Vec<UserProperty>,
-}
-
-impl PropertySet for WillProperties {
-    const CONTEXT: &'static str = "will properties";
-
-    fn apply(&mut self, p: Property) -> Result<(), DecodeError> {
-        match p {
-            Property::U32(id @ Id::WillDelayInterval, v) => once(&mut self.will_delay_interval, v, id),
-            Property::Flag(id @ Id::PayloadFormatIndicator, v) => once(&mut self.payload_format_indicator, v, id),
-            Property::U32(id @ Id::MessageExpiryInterval, v) => once(&mut self.message_expiry_interval, v, id),
-            Property::String(id @ Id::ContentType, v) => once(&mut self.content_type, v, id),
-            Property::String(id @ Id::ResponseTopic, v) => once(&mut self.response_topic, v, id),
-            Property::Binary(id @ Id::CorrelationData, v) => once(&mut self.correlation_data, v, id),
-            Property::User(pair) => {
-                self.user_properties.push(pair);
-                Ok(())
-            }
-            other => Err(not_allowed::<Self>(&other)),
-        }
+property_set! {
+    /// Will properties carried in the CONNECT payload (spec §3.1.3.2).
+    pub struct WillProperties in "will properties" {
+        pub will_delay_interval: Option<u32> = WillDelayInterval as U32,
+        pub payload_format_indicator: Option<bool> = PayloadFormatIndicator as Flag,
+        pub message_expiry_interval: Option<u32> = MessageExpiryInterval as U32,
+        pub content_type: Option<String> = ContentType as Utf8,
+        pub response_topic: Option<String> = ResponseTopic as Utf8,
+        pub correlation_data: Option<Bytes> = CorrelationData as Binary,
+        pub user_properties: Vec<UserProperty> = UserProperty as Pair,
     }
 
     fn validate(&self) -> Result<(), DecodeError> {
-        if self.response_topic.as_deref().is_some_and(has_wildcard) {
-            return Err(ProtocolViolation::WildcardInTopicName.into());
-        }
-        Ok(())
-    }
-
-    fn write(&self, s: &mut impl Sink) -> Result<(), EncodeError> {
-        put_u32(s, Id::WillDelayInterval, self.will_delay_interval);
-        put_flag(s, Id::PayloadFormatIndicator, self.payload_format_indicator);
-        put_u32(s, Id::MessageExpiryInterval, self.message_expiry_interval);
-        put_str(s, Id::ContentType, self.content_type.as_deref())?;
-        put_str(s, Id::ResponseTopic, self.response_topic.as_deref())?;
-        put_bin(s, Id::CorrelationData, self.correlation_data.as_ref())?;
-        put_users(s, &self.user_properties)
+        check_response_topic(self.response_topic.as_deref())
     }
 }
 
-/// CONNACK properties (spec §3.2.2.3).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConnAckProperties {
-    pub session_expiry_interval: Option<u32>,
-    pub receive_maximum: Option<u16>,
-    /// Only QoS 0 or 1 may be sent; absence means QoS 2 is supported.
-    pub maximum_qos: Option<QoS>,
-    pub retain_available: Option<bool>,
-    pub maximum_packet_size: Option<u32>,
-    pub assigned_client_identifier: Option<String>,
-    pub topic_alias_maximum: Option<u16>,
-    pub reason_string: Option<String>,
-    pub user_properties: Vec<UserProperty>,
-    pub wildcard_subscription_available: Option<bool>,
-    pub subscription_identifiers_available: Option<bool>,
-    pub shared_subscription_available: Option<bool>,
-    pub server_keep_alive: Option<u16>,
-    pub response_information: Option<String>,
-    pub server_reference: Option<String>,
-    pub authentication_method: Option<String>,
-    pub authentication_data: Option<Bytes>,
-}
-
-impl PropertySet for ConnAckProperties {
-    const CONTEXT: &'static str = "CONNACK";
-
-    fn apply(&mut self, p: Property) -> Result<(), DecodeError> {
-        match p {
-            Property::U32(id @ Id::SessionExpiryInterval, v) => once(&mut self.session_expiry_interval, v, id),
-            Property::U16(id @ Id::ReceiveMaximum, v) => once(&mut self.receive_maximum, v, id),
-            Property::MaximumQos(v) => once(&mut self.maximum_qos, v, Id::MaximumQos),
-            Property::Flag(id @ Id::RetainAvailable, v) => once(&mut self.retain_available, v, id),
-            Property::U32(id @ Id::MaximumPacketSize, v) => once(&mut self.maximum_packet_size, v, id),
-            Property::String(id @ Id::AssignedClientIdentifier, v) => once(&mut self.assigned_client_identifier, v, id),
-            Property::U16(id @ Id::TopicAliasMaximum, v) => once(&mut self.topic_alias_maximum, v, id),
-            Property::String(id @ Id::ReasonString, v) => once(&mut self.reason_string, v, id),
-            Property::User(pair) => {
-                self.user_properties.push(pair);
-                Ok(())
-            }
-            Property::Flag(id @ Id::WildcardSubscriptionAvailable, v) => {
-                once(&mut self.wildcard_subscription_available, v, id)
-            }
-            Property::Flag(id @ Id::SubscriptionIdentifierAvailable, v) => {
-                once(&mut self.subscription_identifiers_available, v, id)
-            }
-            Property::Flag(id @ Id::SharedSubscriptionAvailable, v) => {
-                once(&mut self.shared_subscription_available, v, id)
-            }
-            Property::U16(id @ Id::ServerKeepAlive, v) => once(&mut self.server_keep_alive, v, id),
-            Property::String(id @ Id::ResponseInformation, v) => once(&mut self.response_information, v, id),
-            Property::String(id @ Id::ServerReference, v) => once(&mut self.server_reference, v, id),
-            Property::String(id @ Id::AuthenticationMethod, v) => once(&mut self.authentication_method, v, id),
-            Property::Binary(id @ Id::AuthenticationData, v) => once(&mut self.authentication_data, v, id),
-            other => Err(not_allowed::<Self>(&other)),
-        }
-    }
-
-    fn write(&self, s: &mut impl Sink) -> Result<(), EncodeError> {
-        put_u32(s, Id::SessionExpiryInterval, self.session_expiry_interval);
-        put_u16(s, Id::ReceiveMaximum, nonzero(self.receive_maximum, "receive maximum 0")?);
-        if let Some(qos) = self.maximum_qos {
-            if qos == QoS::ExactlyOnce {
-                return Err(EncodeError::Invalid("maximum QoS 2 must be sent as an absent property"));
-            }
-            s.put_u8(Id::MaximumQos as u8);
-            s.put_u8(qos.as_u8());
-        }
-        put_flag(s, Id::RetainAvailable, self.retain_available);
-        put_u32(s, Id::MaximumPacketSize, nonzero(self.maximum_packet_size, "maximum packet size 0")?);
-        put_str(s, Id::AssignedClientIdentifier, self.assigned_client_identifier.as_deref())?;
-        put_u16(s, Id::TopicAliasMaximum, self.topic_alias_maximum);
-        put_str(s, Id::ReasonString, self.reason_string.as_deref())?;
-        put_users(s, &self.user_properties)?;
-        put_flag(s, Id::WildcardSubscriptionAvailable, self.wildcard_subscription_available);
-        put_flag(s, Id::SubscriptionIdentifierAvailable, self.subscription_identifiers_available);
-        put_flag(s, Id::SharedSubscriptionAvailable, self.shared_subscription_available);
-        put_u16(s, Id::ServerKeepAlive, self.server_keep_alive);
-        put_str(s, Id::ResponseInformation, self.response_information.as_deref())?;
-        put_str(s, Id::ServerReference, self.server_reference.as_deref())?;
-        put_str(s, Id::AuthenticationMethod, self.authentication_method.as_deref())?;
-        put_bin(s, Id::AuthenticationData, self.authentication_data.as_ref())
+property_set! {
+    /// CONNACK properties (spec §3.2.2.3).
+    pub struct ConnAckProperties in "CONNACK" {
+        pub session_expiry_interval: Option<u32> = SessionExpiryInterval as U32,
+        pub receive_maximum: Option<u16> = ReceiveMaximum as U16,
+        /// Only QoS 0 or 1 may be sent; absence means QoS 2 is supported.
+        pub maximum_qos: Option<QoS> = MaximumQos as Qos,
+        pub retain_available: Option<bool> = RetainAvailable as Flag,
+        pub maximum_packet_size: Option<u32> = MaximumPacketSize as U32,
+        pub assigned_client_identifier: Option<String> = AssignedClientIdentifier as Utf8,
+        pub topic_alias_maximum: Option<u16> = TopicAliasMaximum as U16,
+        pub reason_string: Option<String> = ReasonString as Utf8,
+        pub user_properties: Vec<UserProperty> = UserProperty as Pair,
+        pub wildcard_subscription_available: Option<bool> = WildcardSubscriptionAvailable as Flag,
+        pub subscription_identifiers_available: Option<bool> = SubscriptionIdentifierAvailable as Flag,
+        pub shared_subscription_available: Option<bool> = SharedSubscriptionAvailable as Flag,
+        pub server_keep_alive: Option<u16> = ServerKeepAlive as U16,
+        pub response_information: Option<String> = ResponseInformation as Utf8,
+        pub server_reference: Option<String> = ServerReference as Utf8,
+        pub authentication_method: Option<String> = AuthenticationMethod as Utf8,
+        pub authentication_data: Option<Bytes> = AuthenticationData as Binary,
     }
 }
 
-/// PUBLISH properties (spec §3.3.2.3).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PublishProperties {
-    pub payload_format_indicator: Option<bool>,
-    pub message_expiry_interval: Option<u32>,
-    pub topic_alias: Option<u16>,
-    pub response_topic: Option<String>,
-    pub correlation_data: Option<Bytes>,
-    pub user_properties: Vec<UserProperty>,
-    /// Server to client only; may repeat, one per matching subscription.
-    pub subscription_identifiers: Vec<u32>,
-    pub content_type: Option<String>,
-}
-
-impl PropertySet for PublishProperties {
-    const CONTEXT: &'static str = "PUBLISH";
-
-    fn apply(&mut self, p: Property) -> Result<(), DecodeError> {
-        match p {
-            Property::Flag(id @ Id::PayloadFormatIndicator, v) => once(&mut self.payload_format_indicator, v, id),
-            Property::U32(id @ Id::MessageExpiryInterval, v) => once(&mut self.message_expiry_interval, v, id),
-            Property::U16(id @ Id::TopicAlias, v) => once(&mut self.topic_alias, v, id),
-            Property::String(id @ Id::ResponseTopic, v) => once(&mut self.response_topic, v, id),
-            Property::Binary(id @ Id::CorrelationData, v) => once(&mut self.correlation_data, v, id),
-            Property::User(pair) => {
-                self.user_properties.push(pair);
-                Ok(())
-            }
-            Property::SubscriptionIdentifier(v) => {
-                self.subscription_identifiers.push(v);
-                Ok(())
-            }
-            Property::String(id @ Id::ContentType, v) => once(&mut self.content_type, v, id),
-            other => Err(not_allowed::<Self>(&other)),
-        }
+property_set! {
+    /// PUBLISH properties (spec §3.3.2.3).
+    pub struct PublishProperties in "PUBLISH" {
+        pub payload_format_indicator: Option<bool> = PayloadFormatIndicator as Flag,
+        pub message_expiry_interval: Option<u32> = MessageExpiryInterval as U32,
+        pub topic_alias: Option<u16> = TopicAlias as U16,
+        pub response_topic: Option<String> = ResponseTopic as Utf8,
+        pub correlation_data: Option<Bytes> = CorrelationData as Binary,
+        pub user_properties: Vec<UserProperty> = UserProperty as Pair,
+        /// Server to client only; may repeat, one per matching subscription.
+        pub subscription_identifiers: Vec<u32> = SubscriptionIdentifier as VarInt,
+        pub content_type: Option<String> = ContentType as Utf8,
     }
 
     fn validate(&self) -> Result<(), DecodeError> {
-        if self.response_topic.as_deref().is_some_and(has_wildcard) {
-            return Err(ProtocolViolation::WildcardInTopicName.into());
-        }
-        Ok(())
-    }
-
-    fn write(&self, s: &mut impl Sink) -> Result<(), EncodeError> {
-        put_flag(s, Id::PayloadFormatIndicator, self.payload_format_indicator);
-        put_u32(s, Id::MessageExpiryInterval, self.message_expiry_interval);
-        put_u16(s, Id::TopicAlias, nonzero(self.topic_alias, "topic alias 0")?);
-        put_str(s, Id::ResponseTopic, self.response_topic.as_deref())?;
-        put_bin(s, Id::CorrelationData, self.correlation_data.as_ref())?;
-        put_users(s, &self.user_properties)?;
-        for &id in &self.subscription_identifiers {
-            put_sub_id(s, id)?;
-        }
-        put_str(s, Id::ContentType, self.content_type.as_deref())
+        check_response_topic(self.response_topic.as_deref())
     }
 }
 
-/// Properties of PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK and UNSUBACK: a reason string and
-/// user properties.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AckProperties {
-    pub reason_string: Option<String>,
-    pub user_properties: Vec<UserProperty>,
+property_set! {
+    /// Properties of PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK and UNSUBACK: a reason string and
+    /// user properties.
+    pub struct AckProperties in "an acknowledgement" {
+        pub reason_string: Option<String> = ReasonString as Utf8,
+        pub user_properties: Vec<UserProperty> = UserProperty as Pair,
+    }
 }
 
 impl AckProperties {
@@ -288,88 +176,29 @@ impl AckProperties {
     }
 }
 
-impl PropertySet for AckProperties {
-    const CONTEXT: &'static str = "an acknowledgement";
-
-    fn apply(&mut self, p: Property) -> Result<(), DecodeError> {
-        match p {
-            Property::String(id @ Id::ReasonString, v) => once(&mut self.reason_string, v, id),
-            Property::User(pair) => {
-                self.user_properties.push(pair);
-                Ok(())
-            }
-            other => Err(not_allowed::<Self>(&other)),
-        }
-    }
-
-    fn write(&self, s: &mut impl Sink) -> Result<(), EncodeError> {
-        put_str(s, Id::ReasonString, self.reason_string.as_deref())?;
-        put_users(s, &self.user_properties)
+property_set! {
+    /// SUBSCRIBE properties (spec §3.8.2.1).
+    pub struct SubscribeProperties in "SUBSCRIBE" {
+        pub subscription_identifier: Option<u32> = SubscriptionIdentifier as VarInt,
+        pub user_properties: Vec<UserProperty> = UserProperty as Pair,
     }
 }
 
-/// SUBSCRIBE properties (spec §3.8.2.1).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SubscribeProperties {
-    pub subscription_identifier: Option<u32>,
-    pub user_properties: Vec<UserProperty>,
-}
-
-impl PropertySet for SubscribeProperties {
-    const CONTEXT: &'static str = "SUBSCRIBE";
-
-    fn apply(&mut self, p: Property) -> Result<(), DecodeError> {
-        match p {
-            Property::SubscriptionIdentifier(v) => {
-                once(&mut self.subscription_identifier, v, Id::SubscriptionIdentifier)
-            }
-            Property::User(pair) => {
-                self.user_properties.push(pair);
-                Ok(())
-            }
-            other => Err(not_allowed::<Self>(&other)),
-        }
-    }
-
-    fn write(&self, s: &mut impl Sink) -> Result<(), EncodeError> {
-        if let Some(id) = self.subscription_identifier {
-            put_sub_id(s, id)?;
-        }
-        put_users(s, &self.user_properties)
+property_set! {
+    /// UNSUBSCRIBE properties (spec §3.10.2.1): user properties only.
+    pub struct UnsubscribeProperties in "UNSUBSCRIBE" {
+        pub user_properties: Vec<UserProperty> = UserProperty as Pair,
     }
 }
 
-/// UNSUBSCRIBE properties (spec §3.10.2.1): user properties only.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UnsubscribeProperties {
-    pub user_properties: Vec<UserProperty>,
-}
-
-impl PropertySet for UnsubscribeProperties {
-    const CONTEXT: &'static str = "UNSUBSCRIBE";
-
-    fn apply(&mut self, p: Property) -> Result<(), DecodeError> {
-        match p {
-            Property::User(pair) => {
-                self.user_properties.push(pair);
-                Ok(())
-            }
-            other => Err(not_allowed::<Self>(&other)),
-        }
+property_set! {
+    /// DISCONNECT properties (spec §3.14.2.2).
+    pub struct DisconnectProperties in "DISCONNECT" {
+        pub session_expiry_interval: Option<u32> = SessionExpiryInterval as U32,
+        pub reason_string: Option<String> = ReasonString as Utf8,
+        pub user_properties: Vec<UserProperty> = UserProperty as Pair,
+        pub server_reference: Option<String> = ServerReference as Utf8,
     }
-
-    fn write(&self, s: &mut impl Sink) -> Result<(), EncodeError> {
-        put_users(s, &self.user_properties)
-    }
-}
-
-/// DISCONNECT properties (spec §3.14.2.2).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DisconnectProperties {
-    pub session_expiry_interval: Option<u32>,
-    pub reason_string: Option<String>,
-    pub user_properties: Vec<UserProperty>,
-    pub server_reference: Option<String>,
 }
 
 impl DisconnectProperties {
@@ -379,67 +208,20 @@ impl DisconnectProperties {
     }
 }
 
-impl PropertySet for DisconnectProperties {
-    const CONTEXT: &'static str = "DISCONNECT";
-
-    fn apply(&mut self, p: Property) -> Result<(), DecodeError> {
-        match p {
-            Property::U32(id @ Id::SessionExpiryInterval, v) => once(&mut self.session_expiry_interval, v, id),
-            Property::String(id @ Id::ReasonString, v) => once(&mut self.reason_string, v, id),
-            Property::User(pair) => {
-                self.user_properties.push(pair);
-                Ok(())
-            }
-            Property::String(id @ Id::ServerReference, v) => once(&mut self.server_reference, v, id),
-            other => Err(not_allowed::<Self>(&other)),
-        }
+property_set! {
+    /// AUTH properties (spec §3.15.2.2).
+    pub struct AuthProperties in "AUTH" {
+        pub authentication_method: Option<String> = AuthenticationMethod as Utf8,
+        pub authentication_data: Option<Bytes> = AuthenticationData as Binary,
+        pub reason_string: Option<String> = ReasonString as Utf8,
+        pub user_properties: Vec<UserProperty> = UserProperty as Pair,
     }
-
-    fn write(&self, s: &mut impl Sink) -> Result<(), EncodeError> {
-        put_u32(s, Id::SessionExpiryInterval, self.session_expiry_interval);
-        put_str(s, Id::ReasonString, self.reason_string.as_deref())?;
-        put_users(s, &self.user_properties)?;
-        put_str(s, Id::ServerReference, self.server_reference.as_deref())
-    }
-}
-
-/// AUTH properties (spec §3.15.2.2).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AuthProperties {
-    pub authentication_method: Option<String>,
-    pub authentication_data: Option<Bytes>,
-    pub reason_string: Option<String>,
-    pub user_properties: Vec<UserProperty>,
 }
 
 impl AuthProperties {
     /// Whether no property is set (allows the zero-length AUTH).
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
-    }
-}
-
-impl PropertySet for AuthProperties {
-    const CONTEXT: &'static str = "AUTH";
-
-    fn apply(&mut self, p: Property) -> Result<(), DecodeError> {
-        match p {
-            Property::String(id @ Id::AuthenticationMethod, v) => once(&mut self.authentication_method, v, id),
-            Property::Binary(id @ Id::AuthenticationData, v) => once(&mut self.authentication_data, v, id),
-            Property::String(id @ Id::ReasonString, v) => once(&mut self.reason_string, v, id),
-            Property::User(pair) => {
-                self.user_properties.push(pair);
-                Ok(())
-            }
-            other => Err(not_allowed::<Self>(&other)),
-        }
-    }
-
-    fn write(&self, s: &mut impl Sink) -> Result<(), EncodeError> {
-        put_str(s, Id::AuthenticationMethod, self.authentication_method.as_deref())?;
-        put_bin(s, Id::AuthenticationData, self.authentication_data.as_ref())?;
-        put_str(s, Id::ReasonString, self.reason_string.as_deref())?;
-        put_users(s, &self.user_properties)
     }
 }
 
@@ -494,6 +276,34 @@ mod tests {
             read::<ConnectProperties>(&[4, 0x16, 0, 1, 9]),
             Err(ProtocolViolation::AuthDataWithoutMethod.into())
         );
+    }
+
+    #[test]
+    fn duplicate_subscription_identifier_in_subscribe_is_a_protocol_error() {
+        assert_eq!(
+            read::<SubscribeProperties>(&[4, 0x0B, 1, 0x0B, 2]),
+            Err(ProtocolViolation::DuplicateProperty(Id::SubscriptionIdentifier).into())
+        );
+    }
+
+    #[test]
+    fn values_decoding_refuses_are_not_encodable() {
+        let invalid = |what| Err(EncodeError::Invalid(what));
+        let connect = ConnectProperties { receive_maximum: Some(0), ..Default::default() };
+        assert_eq!(connect.write_block(&mut BytesMut::new()), invalid("receive maximum 0"));
+        let connack = ConnAckProperties { maximum_packet_size: Some(0), ..Default::default() };
+        assert_eq!(connack.write_block(&mut BytesMut::new()), invalid("maximum packet size 0"));
+        let publish = PublishProperties { subscription_identifiers: vec![3, 0], ..Default::default() };
+        assert_eq!(publish.write_block(&mut BytesMut::new()), invalid("subscription identifier 0"));
+        let connect = ConnectProperties { authentication_data: Some(Bytes::new()), ..Default::default() };
+        assert_eq!(
+            connect.write_block(&mut BytesMut::new()),
+            invalid("authentication data without authentication method")
+        );
+        // Zero is fine where the spec allows it.
+        let connack =
+            ConnAckProperties { topic_alias_maximum: Some(0), server_keep_alive: Some(0), ..Default::default() };
+        assert!(connack.write_block(&mut BytesMut::new()).is_ok());
     }
 
     #[test]

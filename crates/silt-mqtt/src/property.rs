@@ -123,14 +123,14 @@ impl Property {
             },
             ServerKeepAlive | ReceiveMaximum | TopicAliasMaximum | TopicAlias => {
                 let value = r.u16("property value")?;
-                if value == 0 && matches!(id, ReceiveMaximum | TopicAlias) {
+                if value == 0 && zero_forbidden(id).is_some() {
                     return Err(invalid());
                 }
                 Property::U16(id, value)
             }
             MessageExpiryInterval | SessionExpiryInterval | WillDelayInterval | MaximumPacketSize => {
                 let value = r.u32("property value")?;
-                if value == 0 && id == MaximumPacketSize {
+                if value == 0 && zero_forbidden(id).is_some() {
                     return Err(invalid());
                 }
                 Property::U32(id, value)
@@ -185,6 +185,11 @@ pub(crate) trait PropertySet: Default {
         Ok(())
     }
 
+    /// Cross-property rules checked before writing.
+    fn check(&self) -> Result<(), EncodeError> {
+        Ok(())
+    }
+
     /// Reads a property block: length prefix, then properties until it is used up.
     fn read(r: &mut Reader) -> Result<Self, DecodeError> {
         let len = r.var_int("property length")?;
@@ -198,8 +203,9 @@ pub(crate) trait PropertySet: Default {
         Ok(set)
     }
 
-    /// Writes the length prefix and the properties.
+    /// Checks the set, then writes the length prefix and the properties.
     fn write_block(&self, sink: &mut impl Sink) -> Result<(), EncodeError> {
+        self.check()?;
         let len = measure(|c| self.write(c))?;
         put_len(sink, len, "property length")?;
         self.write(sink)
@@ -207,81 +213,222 @@ pub(crate) trait PropertySet: Default {
 }
 
 /// The error for a property this packet may not carry.
-pub(crate) fn not_allowed<P: PropertySet>(property: &Property) -> DecodeError {
-    Malformed::PropertyNotAllowed { property: property.id(), packet: P::CONTEXT }.into()
+pub(crate) fn not_allowed<P: PropertySet>(id: PropertyId) -> DecodeError {
+    Malformed::PropertyNotAllowed { property: id, packet: P::CONTEXT }.into()
 }
 
-/// Stores a property that may appear at most once.
-pub(crate) fn once<T>(slot: &mut Option<T>, value: T, id: PropertyId) -> Result<(), DecodeError> {
-    if slot.is_some() {
-        return Err(ProtocolViolation::DuplicateProperty(id).into());
+/// Stores a decoded property in its field of set `P`: the once-only check for an `Option`
+/// field, appended in wire order for a `Vec` field.
+pub(crate) fn store<P: PropertySet, K: Kind>(slot: &mut impl Slot<K>, property: Property) -> Result<(), DecodeError> {
+    let id = property.id();
+    // `Property::read` picks the kind from the identifier, so a field declared with that
+    // identifier always gets its kind; refuse rather than panic should the two ever disagree.
+    let value = K::take(property).ok_or_else(|| not_allowed::<P>(id))?;
+    slot.store(value, id)
+}
+
+/// Writes a field of a property set: each value it holds, with its identifier.
+pub(crate) fn put<K: Kind>(sink: &mut impl Sink, id: PropertyId, slot: &impl Slot<K>) -> Result<(), EncodeError> {
+    slot.each(|value| K::put(sink, id, value))
+}
+
+/// How a property set holds one property: `Option` for one allowed at most once, `Vec` for
+/// one that may repeat (user properties, PUBLISH subscription identifiers).
+pub(crate) trait Slot<K: Kind> {
+    fn store(&mut self, value: K::Value, id: PropertyId) -> Result<(), DecodeError>;
+
+    fn each(&self, f: impl FnMut(&K::Value) -> Result<(), EncodeError>) -> Result<(), EncodeError>;
+}
+
+impl<K: Kind> Slot<K> for Option<K::Value> {
+    fn store(&mut self, value: K::Value, id: PropertyId) -> Result<(), DecodeError> {
+        if self.is_some() {
+            return Err(ProtocolViolation::DuplicateProperty(id).into());
+        }
+        *self = Some(value);
+        Ok(())
     }
-    *slot = Some(value);
-    Ok(())
-}
 
-pub(crate) fn put_flag(sink: &mut impl Sink, id: PropertyId, value: Option<bool>) {
-    if let Some(v) = value {
-        sink.put_u8(id as u8);
-        sink.put_u8(u8::from(v));
+    fn each(&self, f: impl FnMut(&K::Value) -> Result<(), EncodeError>) -> Result<(), EncodeError> {
+        self.iter().try_for_each(f)
     }
 }
 
-pub(crate) fn put_u16(sink: &mut impl Sink, id: PropertyId, value: Option<u16>) {
-    if let Some(v) = value {
-        sink.put_u8(id as u8);
-        sink.put_u16(v);
+impl<K: Kind> Slot<K> for Vec<K::Value> {
+    fn store(&mut self, value: K::Value, _: PropertyId) -> Result<(), DecodeError> {
+        self.push(value);
+        Ok(())
+    }
+
+    fn each(&self, f: impl FnMut(&K::Value) -> Result<(), EncodeError>) -> Result<(), EncodeError> {
+        self.iter().try_for_each(f)
     }
 }
 
-pub(crate) fn put_u32(sink: &mut impl Sink, id: PropertyId, value: Option<u32>) {
-    if let Some(v) = value {
-        sink.put_u8(id as u8);
-        sink.put_u32(v);
+/// A property value type on the wire (spec §2.2.2.2), with the Rust type a set stores it as.
+pub(crate) trait Kind {
+    type Value;
+
+    /// The value of a decoded property, if it is of this kind.
+    fn take(property: Property) -> Option<Self::Value>;
+
+    /// Writes the identifier and the value, refusing values decoding would refuse.
+    fn put(sink: &mut impl Sink, id: PropertyId, value: &Self::Value) -> Result<(), EncodeError>;
+}
+
+/// The value kinds property sets declare their fields with.
+pub(crate) mod kind {
+    use super::*;
+
+    /// A byte that is 0 or 1.
+    pub(crate) struct Flag;
+    /// The Maximum QoS byte: 0 or 1 (2 is said by leaving it out).
+    pub(crate) struct Qos;
+    /// A two byte integer.
+    pub(crate) struct U16;
+    /// A four byte integer.
+    pub(crate) struct U32;
+    /// A variable byte integer (only the Subscription Identifier has this kind).
+    pub(crate) struct VarInt;
+    /// A UTF-8 encoded string.
+    pub(crate) struct Utf8;
+    /// Binary data.
+    pub(crate) struct Binary;
+    /// A UTF-8 string pair (only the User Property has this kind).
+    pub(crate) struct Pair;
+
+    impl Kind for Flag {
+        type Value = bool;
+
+        fn take(property: Property) -> Option<bool> {
+            if let Property::Flag(_, v) = property { Some(v) } else { None }
+        }
+
+        fn put(sink: &mut impl Sink, id: PropertyId, value: &bool) -> Result<(), EncodeError> {
+            sink.put_u8(id as u8);
+            sink.put_u8(u8::from(*value));
+            Ok(())
+        }
+    }
+
+    impl Kind for Qos {
+        type Value = QoS;
+
+        fn take(property: Property) -> Option<QoS> {
+            if let Property::MaximumQos(v) = property { Some(v) } else { None }
+        }
+
+        fn put(sink: &mut impl Sink, id: PropertyId, value: &QoS) -> Result<(), EncodeError> {
+            if *value == QoS::ExactlyOnce {
+                return Err(EncodeError::Invalid("maximum QoS 2 must be sent as an absent property"));
+            }
+            sink.put_u8(id as u8);
+            sink.put_u8(value.as_u8());
+            Ok(())
+        }
+    }
+
+    impl Kind for U16 {
+        type Value = u16;
+
+        fn take(property: Property) -> Option<u16> {
+            if let Property::U16(_, v) = property { Some(v) } else { None }
+        }
+
+        fn put(sink: &mut impl Sink, id: PropertyId, value: &u16) -> Result<(), EncodeError> {
+            nonzero(id, *value == 0)?;
+            sink.put_u8(id as u8);
+            sink.put_u16(*value);
+            Ok(())
+        }
+    }
+
+    impl Kind for U32 {
+        type Value = u32;
+
+        fn take(property: Property) -> Option<u32> {
+            if let Property::U32(_, v) = property { Some(v) } else { None }
+        }
+
+        fn put(sink: &mut impl Sink, id: PropertyId, value: &u32) -> Result<(), EncodeError> {
+            nonzero(id, *value == 0)?;
+            sink.put_u8(id as u8);
+            sink.put_u32(*value);
+            Ok(())
+        }
+    }
+
+    impl Kind for VarInt {
+        type Value = u32;
+
+        fn take(property: Property) -> Option<u32> {
+            if let Property::SubscriptionIdentifier(v) = property { Some(v) } else { None }
+        }
+
+        fn put(sink: &mut impl Sink, id: PropertyId, value: &u32) -> Result<(), EncodeError> {
+            nonzero(id, *value == 0)?;
+            sink.put_u8(id as u8);
+            put_var_int(sink, *value, "subscription identifier")
+        }
+    }
+
+    impl Kind for Utf8 {
+        type Value = String;
+
+        fn take(property: Property) -> Option<String> {
+            if let Property::String(_, v) = property { Some(v) } else { None }
+        }
+
+        fn put(sink: &mut impl Sink, id: PropertyId, value: &String) -> Result<(), EncodeError> {
+            sink.put_u8(id as u8);
+            put_string(sink, value, "string property")
+        }
+    }
+
+    impl Kind for Binary {
+        type Value = Bytes;
+
+        fn take(property: Property) -> Option<Bytes> {
+            if let Property::Binary(_, v) = property { Some(v) } else { None }
+        }
+
+        fn put(sink: &mut impl Sink, id: PropertyId, value: &Bytes) -> Result<(), EncodeError> {
+            sink.put_u8(id as u8);
+            put_binary(sink, value, "binary property")
+        }
+    }
+
+    impl Kind for Pair {
+        type Value = UserProperty;
+
+        fn take(property: Property) -> Option<UserProperty> {
+            if let Property::User(v) = property { Some(v) } else { None }
+        }
+
+        fn put(sink: &mut impl Sink, id: PropertyId, (name, value): &UserProperty) -> Result<(), EncodeError> {
+            sink.put_u8(id as u8);
+            put_string(sink, name, "user property name")?;
+            put_string(sink, value, "user property value")
+        }
     }
 }
 
-pub(crate) fn put_str(sink: &mut impl Sink, id: PropertyId, value: Option<&str>) -> Result<(), EncodeError> {
-    if let Some(v) = value {
-        sink.put_u8(id as u8);
-        put_string(sink, v, "string property")?;
+/// Properties whose value may not be 0, with the encode error for it. Decoding refuses the
+/// same zeros, so encode never produces what decode refuses.
+fn zero_forbidden(id: PropertyId) -> Option<&'static str> {
+    match id {
+        PropertyId::ReceiveMaximum => Some("receive maximum 0"),
+        PropertyId::MaximumPacketSize => Some("maximum packet size 0"),
+        PropertyId::TopicAlias => Some("topic alias 0"),
+        PropertyId::SubscriptionIdentifier => Some("subscription identifier 0"),
+        _ => None,
     }
-    Ok(())
 }
 
-pub(crate) fn put_bin(sink: &mut impl Sink, id: PropertyId, value: Option<&Bytes>) -> Result<(), EncodeError> {
-    if let Some(v) = value {
-        sink.put_u8(id as u8);
-        put_binary(sink, v, "binary property")?;
-    }
-    Ok(())
-}
-
-pub(crate) fn put_sub_id(sink: &mut impl Sink, value: u32) -> Result<(), EncodeError> {
-    if value == 0 {
-        return Err(EncodeError::Invalid("subscription identifier 0"));
-    }
-    sink.put_u8(PropertyId::SubscriptionIdentifier as u8);
-    put_var_int(sink, value, "subscription identifier")
-}
-
-pub(crate) fn put_users(sink: &mut impl Sink, users: &[UserProperty]) -> Result<(), EncodeError> {
-    for (name, value) in users {
-        sink.put_u8(PropertyId::UserProperty as u8);
-        put_string(sink, name, "user property name")?;
-        put_string(sink, value, "user property value")?;
-    }
-    Ok(())
-}
-
-/// Rejects zero where the spec forbids it, so encode never produces what decode refuses.
-pub(crate) fn nonzero<T: PartialEq + Default + Copy>(
-    value: Option<T>,
-    what: &'static str,
-) -> Result<Option<T>, EncodeError> {
-    match value {
-        Some(v) if v == T::default() => Err(EncodeError::Invalid(what)),
-        other => Ok(other),
+fn nonzero(id: PropertyId, is_zero: bool) -> Result<(), EncodeError> {
+    match zero_forbidden(id) {
+        Some(what) if is_zero => Err(EncodeError::Invalid(what)),
+        _ => Ok(()),
     }
 }
 
