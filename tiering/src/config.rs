@@ -86,10 +86,24 @@ pub enum AckDurability {
     Object,
 }
 
+/// Where a topic's messages live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// The object store is the durable copy; the local disk caches it.
+    #[default]
+    Object,
+    /// Only the local disk: the object-store copy of a segment withholds these messages
+    /// (same-length stand-ins keep positions and offsets), and segments holding them are never
+    /// evicted. Losing the disk loses them; retention still deletes them.
+    Local,
+}
+
 /// `[topic_defaults]`: the policy of topics no `[[topics]]` entry matches.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TopicPolicy {
+    pub tier: Tier,
     pub ack: AckDurability,
     /// Messages older than this are deleted (ms); 0 keeps them forever.
     pub retention_ms: u64,
@@ -99,7 +113,7 @@ pub struct TopicPolicy {
 
 impl Default for TopicPolicy {
     fn default() -> Self {
-        Self { ack: AckDurability::Local, retention_ms: 0, retention_bytes: 0 }
+        Self { tier: Tier::Object, ack: AckDurability::Local, retention_ms: 0, retention_bytes: 0 }
     }
 }
 
@@ -110,6 +124,7 @@ pub struct TopicRule {
     /// MQTT topic filter (`+` and `#` wildcards) matched against topic names.
     #[serde(rename = "match")]
     pub pattern: String,
+    pub tier: Option<Tier>,
     pub ack: Option<AckDurability>,
     pub retention_ms: Option<u64>,
     pub retention_bytes: Option<u64>,
@@ -122,24 +137,38 @@ pub struct Policies {
     rules: Vec<TopicPolicy>,
     trie: TopicTrie<usize>,
     any_object_ack: bool,
+    any_local_tier: bool,
 }
 
 impl Policies {
     pub fn new(default: TopicPolicy, rules: &[TopicRule]) -> Result<Policies, String> {
+        let consistent = |p: &TopicPolicy, key: &str| {
+            if p.ack == AckDurability::Object && p.tier == Tier::Local {
+                return Err(format!(
+                    "{key}: ack = \"object\" needs tier = \"object\" (a local topic never reaches the bucket)"
+                ));
+            }
+            Ok(())
+        };
+        consistent(&default, "topic_defaults")?;
         let mut trie = TopicTrie::new();
         let mut resolved = Vec::with_capacity(rules.len());
         for (i, r) in rules.iter().enumerate() {
             let filter = TopicFilter::new(r.pattern.clone()).map_err(|e| format!("topics[{i}].match: {e}"))?;
             trie.insert(&filter, i);
-            resolved.push(TopicPolicy {
+            let p = TopicPolicy {
+                tier: r.tier.unwrap_or(default.tier),
                 ack: r.ack.unwrap_or(default.ack),
                 retention_ms: r.retention_ms.unwrap_or(default.retention_ms),
                 retention_bytes: r.retention_bytes.unwrap_or(default.retention_bytes),
-            });
+            };
+            consistent(&p, &format!("topics[{i}]"))?;
+            resolved.push(p);
         }
-        let any_object_ack =
-            default.ack == AckDurability::Object || resolved.iter().any(|p| p.ack == AckDurability::Object);
-        Ok(Policies { default, rules: resolved, trie, any_object_ack })
+        let any = |f: &dyn Fn(&TopicPolicy) -> bool| f(&default) || resolved.iter().any(f);
+        let any_object_ack = any(&|p| p.ack == AckDurability::Object);
+        let any_local_tier = any(&|p| p.tier == Tier::Local);
+        Ok(Policies { default, rules: resolved, trie, any_object_ack, any_local_tier })
     }
 
     /// The policy of `topic`.
@@ -152,6 +181,24 @@ impl Policies {
     /// Whether any topic may need `ack = "object"` (so the ack window runs at all).
     pub fn any_object_ack(&self) -> bool {
         self.any_object_ack
+    }
+
+    /// Whether any topic is kept off the object store.
+    pub fn any_local_tier(&self) -> bool {
+        self.any_local_tier
+    }
+
+    /// Whether a record of `topic` (or, without a topic, of `stream`) is kept off the store.
+    /// The broker's internal streams always go to the store.
+    pub fn withholds(&self, topic: &str, stream: &str) -> bool {
+        if !self.any_local_tier {
+            return false;
+        }
+        match (topic.is_empty(), stream.starts_with("__silt_")) {
+            (false, _) => !topic.starts_with("$SYS/") && self.for_topic(topic).tier == Tier::Local,
+            (true, true) => false,
+            (true, false) => self.for_topic(stream).tier == Tier::Local,
+        }
     }
 
     /// Whether any policy limits a topic's bytes.
@@ -172,34 +219,30 @@ mod tests {
 
     #[test]
     fn first_matching_rule_wins_and_unset_keys_fall_back() {
-        let default = TopicPolicy { ack: AckDurability::Local, retention_ms: 7, retention_bytes: 0 };
+        let default = TopicPolicy { retention_ms: 7, ..TopicPolicy::default() };
+        let rule = |pattern: &str| TopicRule {
+            pattern: pattern.into(),
+            tier: None,
+            ack: None,
+            retention_ms: None,
+            retention_bytes: None,
+        };
         let rules = [
-            TopicRule {
-                pattern: "a/+/x".into(),
-                ack: Some(AckDurability::Object),
-                retention_ms: None,
-                retention_bytes: Some(5),
-            },
-            TopicRule { pattern: "a/#".into(), ack: None, retention_ms: Some(1), retention_bytes: None },
+            TopicRule { ack: Some(AckDurability::Object), retention_bytes: Some(5), ..rule("a/+/x") },
+            TopicRule { retention_ms: Some(1), tier: Some(Tier::Local), ..rule("a/#") },
         ];
         let p = Policies::new(default.clone(), &rules).unwrap();
-        assert_eq!(
-            p.for_topic("a/b/x"),
-            &TopicPolicy { ack: AckDurability::Object, retention_ms: 7, retention_bytes: 5 }
-        );
-        assert_eq!(
-            p.for_topic("a/b/y"),
-            &TopicPolicy { ack: AckDurability::Local, retention_ms: 1, retention_bytes: 0 }
-        );
-        assert_eq!(p.for_topic("a"), &TopicPolicy { ack: AckDurability::Local, retention_ms: 1, retention_bytes: 0 });
+        let object =
+            TopicPolicy { tier: Tier::Object, ack: AckDurability::Object, retention_ms: 7, retention_bytes: 5 };
+        assert_eq!(p.for_topic("a/b/x"), &object);
+        let local = TopicPolicy { tier: Tier::Local, ack: AckDurability::Local, retention_ms: 1, retention_bytes: 0 };
+        assert_eq!(p.for_topic("a/b/y"), &local);
+        assert_eq!(p.for_topic("a"), &local);
         assert_eq!(p.for_topic("b"), &default);
-        assert!(p.any_object_ack());
-        assert!(
-            Policies::new(
-                default,
-                &[TopicRule { pattern: "a/#/b".into(), ack: None, retention_ms: None, retention_bytes: None }]
-            )
-            .is_err()
-        );
+        assert!(p.any_object_ack() && p.any_local_tier());
+        assert!(p.withholds("a/b", "a") && !p.withholds("b", "b") && !p.withholds("", "__silt_sessions"));
+        assert!(Policies::new(default.clone(), &[rule("a/#/b")]).is_err());
+        let contradiction = TopicRule { tier: Some(Tier::Local), ack: Some(AckDurability::Object), ..rule("c") };
+        assert!(Policies::new(default, &[contradiction]).err().unwrap().contains("topics[0]"));
     }
 }

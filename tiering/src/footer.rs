@@ -33,6 +33,10 @@ pub struct Footer {
     /// deletion of older objects (filled in by the uploader from the index).
     #[serde(default)]
     pub queues: Vec<QueueSpan>,
+    /// Records whose content was kept off the object store (`tier = "local"` topics): the
+    /// local segment is their only copy, so it is never evicted.
+    #[serde(default)]
+    pub withheld: u64,
 }
 
 /// A consume queue's entries in one object: offsets `[first, first + count)`.
@@ -97,30 +101,57 @@ impl Span {
 
 /// Builds the footer of a sealed segment (`bytes` = the whole file, header included).
 pub fn build(base: u64, bytes: &Bytes, max_batch_bytes: usize) -> Result<Footer, String> {
+    let mut source = bytes.clone();
     let len = bytes.len() as u64;
-    build_with(base, len, max_batch_bytes, |at, n| {
-        bytes.get(at as usize..(at + n) as usize).map(|b| bytes.slice_ref(b)).ok_or_else(|| "short read".into())
-    })
+    let read = move |n: usize| -> Result<Bytes, String> {
+        if n > source.len() {
+            return Err("short read".into());
+        }
+        Ok(source.split_to(n))
+    };
+    scan(base, len, max_batch_bytes, read, &|_, _| false, &mut |_| Ok(()))
 }
 
-/// Builds the footer of the sealed segment file at `path` (`len` bytes), reading one batch at
-/// a time with positioned reads: memory stays at one batch, whatever the segment size.
-pub fn build_from_file(path: &std::path::Path, base: u64, len: u64, max_batch_bytes: usize) -> Result<Footer, String> {
-    use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    build_with(base, len, max_batch_bytes, |at, n| {
-        let mut buf = vec![0u8; n as usize];
-        file.read_exact_at(&mut buf, at).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Bytes::from(buf))
-    })
-}
-
-/// Walks the batches of a segment of `len` bytes through `read(offset, n)`.
-fn build_with(
+/// Scans the sealed segment file at `path` (`len` bytes) once: checks every batch, builds the
+/// footer, and hands the object's bytes to `emit` in order — each batch as stored, or, when
+/// `withhold(topic, stream)` says so for one of its records, re-encoded with those records
+/// replaced by same-length stand-ins (`Record::withhold`). Reads 4 MiB at a time, so memory
+/// stays at one read plus one batch whatever the segment size.
+pub fn scan_file(
+    path: &std::path::Path,
     base: u64,
     len: u64,
     max_batch_bytes: usize,
-    read: impl Fn(u64, u64) -> Result<Bytes, String>,
+    withhold: &dyn Fn(&str, &str) -> bool,
+    emit: &mut dyn FnMut(Bytes) -> Result<(), String>,
+) -> Result<Footer, String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut buf = bytes::BytesMut::new();
+    let read = |n: usize| -> Result<Bytes, String> {
+        while buf.len() < n {
+            let want = (4usize << 20).max(n - buf.len());
+            let start = buf.len();
+            buf.resize(start + want, 0);
+            let got = file.read(&mut buf[start..]).map_err(|e| format!("{}: {e}", path.display()))?;
+            buf.truncate(start + got);
+            if got == 0 {
+                return Err(format!("{}: ends early", path.display()));
+            }
+        }
+        Ok(buf.split_to(n).freeze())
+    };
+    scan(base, len, max_batch_bytes, read, withhold, emit)
+}
+
+/// The scan behind [`build`] and [`scan_file`]: `read(n)` returns the next `n` bytes.
+fn scan(
+    base: u64,
+    len: u64,
+    max_batch_bytes: usize,
+    mut read: impl FnMut(usize) -> Result<Bytes, String>,
+    withhold: &dyn Fn(&str, &str) -> bool,
+    emit: &mut dyn FnMut(Bytes) -> Result<(), String>,
 ) -> Result<Footer, String> {
     let mut topics: BTreeMap<String, Span> = BTreeMap::new();
     let mut partitions: BTreeMap<String, Span> = BTreeMap::new();
@@ -129,24 +160,31 @@ fn build_with(
     if len < SEGMENT_HEADER_LEN {
         return Err(format!("segment at {base} is shorter than its header"));
     }
-    format::check_segment_header(&read(0, SEGMENT_HEADER_LEN)?).map_err(|e| format!("segment at {base}: {e}"))?;
+    let header = read(SEGMENT_HEADER_LEN as usize)?;
+    format::check_segment_header(&header).map_err(|e| format!("segment at {base}: {e}"))?;
+    emit(header)?;
     let mut at = SEGMENT_HEADER_LEN;
     while at < len {
-        let head = read(at, (format::FRAME_LEN as u64).min(len - at))?;
+        let head = read((format::FRAME_LEN as u64).min(len - at) as usize)?;
         let total = format::peek_frame(&head, max_batch_bytes)
             .map_err(|e| format!("segment at {base}, offset {at}: {e}"))?
             .ok_or_else(|| format!("segment at {base}: partial frame at offset {at}"))? as u64;
         if at + total > len {
             return Err(format!("segment at {base}: batch at offset {at} runs past the end"));
         }
-        let frame = read(at, total)?;
+        let rest = read((total - head.len() as u64) as usize)?;
+        let frame = Bytes::from([head.as_ref(), rest.as_ref()].concat());
         let view = format::check_batch(frame, max_batch_bytes).map_err(|e| format!("segment at {base}: {e}"))?;
         let range = (at, at + total);
-        for &(off, rlen) in &view.records {
+        let mut withheld = Vec::new();
+        for (i, &(off, rlen)) in view.records.iter().enumerate() {
             let rec = &view.frame[off as usize..(off + rlen) as usize];
             let head = RecordHead::decode(rec).map_err(|e| format!("segment at {base}: {e}"))?;
             if head.control {
                 continue;
+            }
+            if withhold(head.topic, head.stream) {
+                withheld.push(i);
             }
             let ts = head.timestamp.get();
             if first {
@@ -165,11 +203,31 @@ fn build_with(
                 span(&mut partitions, &name).add(range, u64::from(rlen), ts);
             }
         }
+        if withheld.is_empty() {
+            emit(view.frame)?;
+        } else {
+            footer.withheld += withheld.len() as u64;
+            emit(withhold_records(&view, &withheld, max_batch_bytes, base)?)?;
+        }
         at += total;
     }
     footer.topics = topics.into_values().collect();
     footer.partitions = partitions.into_values().collect();
     Ok(footer)
+}
+
+/// The batch re-encoded with records `which` withheld: same length, same record offsets.
+fn withhold_records(view: &format::BatchView, which: &[usize], max: usize, base: u64) -> Result<Bytes, String> {
+    let mut records = Vec::with_capacity(view.records.len());
+    for i in 0..view.records.len() {
+        let r = view.record(i).map_err(|e| format!("segment at {base}: {e}"))?;
+        records.push(if which.contains(&i) { r.withhold() } else { r });
+    }
+    let enc = format::encode_batch(&records, max).map_err(|e| format!("segment at {base}: {e}"))?;
+    if enc.frame.len() != view.frame.len() || enc.records != view.records {
+        return Err(format!("segment at {base}: a withheld batch would change its layout"));
+    }
+    Ok(Bytes::from(enc.frame))
 }
 
 fn span<'m>(map: &'m mut BTreeMap<String, Span>, name: &str) -> &'m mut Span {

@@ -366,17 +366,23 @@ impl Inner {
         }
     }
 
-    /// Uploads one sealed segment and commits it to the manifest. The file is read in parts
-    /// (one PUT when small, a multipart upload otherwise), so memory stays at a few parts.
+    /// Uploads one sealed segment and commits it to the manifest. The file is streamed (one
+    /// PUT when small, a multipart upload otherwise), so memory stays at a few parts; records
+    /// of `tier = "local"` topics are withheld from the object.
     async fn upload(&self, seg: &SealedSegment) -> Result<(), Error> {
         let len = seg.end.get() - seg.base.get();
         let max_batch = self.storage().config().max_batch_bytes as usize;
         let base = seg.base.get();
-        let file = seg.path.clone();
-        let mut footer = tokio::task::spawn_blocking(move || footer::build_from_file(&file, base, len, max_batch))
-            .await
-            .map_err(|e| Error::Recovery(e.to_string()))?
-            .map_err(Error::Recovery)?;
+        // First pass: check every batch and build the footer. A failure here is local (a bad
+        // file), not the store's: uploads stop rather than retry it forever.
+        let (file, policies) = (seg.path.clone(), self.policies.clone());
+        let mut footer = tokio::task::spawn_blocking(move || {
+            let withhold = |t: &str, st: &str| policies.withholds(t, st);
+            footer::scan_file(&file, base, len, max_batch, &withhold, &mut |_| Ok(()))
+        })
+        .await
+        .map_err(|e| Error::Recovery(e.to_string()))?
+        .map_err(Error::Recovery)?;
         let storage = self.storage().clone();
         storage.wait_dispatched(seg.end).await?;
         let (from, to) = (seg.base, seg.end);
@@ -388,35 +394,7 @@ impl Inner {
         let tail = footer::encode_tail(&footer);
         let size = len + tail.len() as u64;
         let path = Path::from(key.as_str());
-        let part = self.cfg.multipart_part_bytes;
-        let store = self.store.clone();
-        let file = seg.path.clone();
-        retry("upload segment", || {
-            let (store, path, tail, file) = (store.clone(), path.clone(), tail.clone(), file.clone());
-            async move {
-                if size <= part {
-                    let data = read_part(&file, 0, len).await?;
-                    return store.put(&path, PutPayload::from_iter([data, tail])).await.map(|_| ());
-                }
-                let mut w = WriteMultipart::new_with_chunk_size(store.put_multipart(&path).await?, part as usize);
-                let mut at = 0;
-                while at < len {
-                    let n = part.min(len - at);
-                    let sent = match read_part(&file, at, n).await {
-                        Ok(chunk) => w.wait_for_capacity(2).await.map(|_| w.put(chunk)),
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = sent {
-                        let _ = w.abort().await;
-                        return Err(e);
-                    }
-                    at += n;
-                }
-                w.put(tail);
-                w.finish().await.map(|_| ())
-            }
-        })
-        .await?;
+        retry("upload segment", || self.put_object(seg, &path, tail.clone(), max_batch)).await?;
         self.puts.fetch_add(1, Ordering::Relaxed);
         self.put_bytes.fetch_add(size, Ordering::Relaxed);
         let entry = ObjectEntry {
@@ -433,6 +411,53 @@ impl Inner {
         self.uploaded.send_replace(seg.end.get());
         tracing::debug!(base, end = seg.end.get(), size, "segment uploaded");
         Ok(())
+    }
+
+    /// One attempt at writing a segment object: a second pass over the file streams the
+    /// (withheld where needed) bytes to the store, then the footer.
+    async fn put_object(
+        &self,
+        seg: &SealedSegment,
+        path: &Path,
+        tail: Bytes,
+        max_batch: usize,
+    ) -> Result<(), object_store::Error> {
+        let len = seg.end.get() - seg.base.get();
+        let part = self.cfg.multipart_part_bytes;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+        let (file, policies, base) = (seg.path.clone(), self.policies.clone(), seg.base.get());
+        let scan = tokio::task::spawn_blocking(move || {
+            let withhold = |t: &str, st: &str| policies.withholds(t, st);
+            let mut emit = |b: Bytes| tx.blocking_send(b).map_err(|_| "upload attempt ended".to_string());
+            footer::scan_file(&file, base, len, max_batch, &withhold, &mut emit)
+        });
+        let local = |e: String| object_store::Error::Generic { store: "local segment", source: e.into() };
+        if len + tail.len() as u64 <= part {
+            let mut pieces = Vec::new();
+            while let Some(b) = rx.recv().await {
+                pieces.push(b);
+            }
+            scan.await.map_err(|e| local(e.to_string()))?.map_err(local)?;
+            pieces.push(tail);
+            return self.store.put(path, PutPayload::from_iter(pieces)).await.map(|_| ());
+        }
+        let mut w = WriteMultipart::new_with_chunk_size(self.store.put_multipart(path).await?, part as usize);
+        let mut failed = None;
+        while let Some(b) = rx.recv().await {
+            if let Err(e) = w.wait_for_capacity(2).await {
+                failed = Some(e);
+                break;
+            }
+            w.put(b);
+        }
+        drop(rx); // stops the scan if the upload failed
+        let scanned = scan.await.map_err(|e| local(e.to_string())).and_then(|r| r.map_err(local));
+        if let Some(e) = failed.or(scanned.err()) {
+            let _ = w.abort().await;
+            return Err(e);
+        }
+        w.put(tail);
+        w.finish().await.map(|_| ())
     }
 
     /// Publishes the next manifest version with `change` applied.
@@ -454,20 +479,36 @@ impl Inner {
         }
     }
 
-    /// Evicts uploaded local segments beyond the hot-cache size, oldest first.
+    /// Evicts uploaded local segments beyond the hot-cache size, oldest first — except those
+    /// holding withheld (`tier = "local"`) records, whose local copy is the only one.
     async fn evict(&self) {
         let storage = self.storage().clone();
         let uploaded = *self.uploaded.borrow();
-        let keep = self.cfg.hot_cache_bytes;
+        let mut segs: Vec<SealedSegment> =
+            storage.sealed_segments().into_iter().filter(|s| s.end.get() <= uploaded).collect();
+        segs.sort_by_key(|s| std::cmp::Reverse(s.base));
+        let mut held = 0u64;
+        let mut candidates = Vec::new();
+        for s in segs {
+            held += s.end.get() - s.base.get();
+            if held > self.cfg.hot_cache_bytes {
+                candidates.push(s);
+            }
+        }
+        let mut evictable = Vec::with_capacity(candidates.len());
+        for s in candidates {
+            let entry = self.manifest.lock().await.objects.iter().find(|o| o.base == s.base.get()).cloned();
+            let Some(entry) = entry else { continue }; // retention is deleting it
+            match self.footer(&entry).await {
+                Ok(f) if f.withheld == 0 => evictable.push(s),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, base = %s.base, "footer unreadable; segment kept"),
+            }
+        }
         let result = tokio::task::spawn_blocking(move || {
-            let mut segs: Vec<SealedSegment> =
-                storage.sealed_segments().into_iter().filter(|s| s.end.get() <= uploaded).collect();
-            segs.sort_by_key(|s| std::cmp::Reverse(s.base));
-            let mut held = 0u64;
             let mut evicted = 0;
-            for s in segs {
-                held += s.end.get() - s.base.get();
-                if held > keep && storage.evict_segment(&s)? {
+            for s in evictable {
+                if storage.evict_segment(&s)? {
                     evicted += 1;
                 }
             }
@@ -687,24 +728,6 @@ impl Inner {
     }
 }
 
-/// Reads `n` bytes of a sealed segment file at `at` (off the runtime threads).
-async fn read_part(file: &std::path::Path, at: u64, n: u64) -> Result<Bytes, object_store::Error> {
-    use std::os::unix::fs::FileExt;
-    let file = file.to_path_buf();
-    let read = tokio::task::spawn_blocking(move || {
-        let f = std::fs::File::open(&file)?;
-        let mut buf = vec![0u8; n as usize];
-        f.read_exact_at(&mut buf, at)?;
-        Ok::<_, std::io::Error>(Bytes::from(buf))
-    })
-    .await;
-    match read {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(e)) => Err(object_store::Error::Generic { store: "local segment", source: Box::new(e) }),
-        Err(e) => Err(object_store::Error::Generic { store: "local segment", source: Box::new(e) }),
-    }
-}
-
 /// Fills an empty data directory from the manifest's objects (or, when the index is missing,
 /// brings back evicted segments the rebuild needs). Refuses a local log that is behind the
 /// bucket: it belongs to an older owner of the prefix. Returns the queue seeds a rebuilt
@@ -750,10 +773,12 @@ async fn restore_local(
         retry("download segment", || download(store, o, &staged)).await?;
         // Every batch's CRC is checked: the object is the segment the manifest names.
         let (base, len, check) = (o.base, o.end - o.base, staged.clone());
-        tokio::task::spawn_blocking(move || footer::build_from_file(&check, base, len, max_batch as usize))
-            .await
-            .map_err(|e| Error::Recovery(e.to_string()))?
-            .map_err(|e| Error::Recovery(format!("object {} is not a valid segment: {e}", o.key)))?;
+        tokio::task::spawn_blocking(move || {
+            footer::scan_file(&check, base, len, max_batch as usize, &|_, _| false, &mut |_| Ok(()))
+        })
+        .await
+        .map_err(|e| Error::Recovery(e.to_string()))?
+        .map_err(|e| Error::Recovery(format!("object {} is not a valid segment: {e}", o.key)))?;
         silt_storage::install_segment_file(&log_dir, LogPosition(o.base))?;
     }
     if empty && end > 0 {

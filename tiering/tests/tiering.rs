@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use silt_storage::{QueueName, Record, Storage, StorageConfig};
+use silt_tiering::config::Tier;
 use silt_tiering::manifest::Manifest;
 use silt_tiering::{AckDurability, Policies, Tiering, TieringConfig, TopicPolicy, TopicRule};
 use silt_types::{Partition, Timestamp};
@@ -47,6 +48,10 @@ fn start(dir: &Path, cfg: TieringConfig, policies: Policies) -> Node {
     tiering.attach(storage.clone()).unwrap();
     storage.wait_dispatched_blocking(storage.stats().log_end).unwrap();
     Node { tiering, storage }
+}
+
+fn rule(pattern: &str) -> TopicRule {
+    TopicRule { pattern: pattern.into(), tier: None, ack: None, retention_ms: None, retention_bytes: None }
 }
 
 fn default_policies() -> Policies {
@@ -172,12 +177,7 @@ fn a_second_node_on_the_same_prefix_fences_the_first() {
 fn object_acks_wait_until_the_store_holds_the_data() {
     let store = tempfile::tempdir().unwrap();
     let a = tempfile::tempdir().unwrap();
-    let rules = [TopicRule {
-        pattern: "dev/#".into(),
-        ack: Some(AckDurability::Object),
-        retention_ms: None,
-        retention_bytes: None,
-    }];
+    let rules = [TopicRule { ack: Some(AckDurability::Object), ..rule("dev/#") }];
     let node = start(a.path(), cfg(store.path()), Policies::new(TopicPolicy::default(), &rules).unwrap());
     assert!(node.tiering.object_ack("dev/1") && !node.tiering.object_ack("other"));
     let appended = node.storage.append_blocking(&[record("dev/1", b"v".to_vec(), Timestamp::now())]).unwrap();
@@ -192,7 +192,7 @@ fn object_acks_wait_until_the_store_holds_the_data() {
 fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
     let store = tempfile::tempdir().unwrap();
     let a = tempfile::tempdir().unwrap();
-    let rules = [TopicRule { pattern: "old/#".into(), ack: None, retention_ms: Some(60_000), retention_bytes: None }];
+    let rules = [TopicRule { retention_ms: Some(60_000), ..rule("old/#") }];
     let node = start(a.path(), cfg(store.path()), Policies::new(TopicPolicy::default(), &rules).unwrap());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let hour_ago = Timestamp(Timestamp::now().get() - 3_600_000);
@@ -233,5 +233,47 @@ fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
     let more = node.storage.append_blocking(&[record("old/gone", b"back".to_vec(), Timestamp::now())]).unwrap();
     node.storage.wait_dispatched_blocking(more.end).unwrap();
     assert_eq!(node.topic("old/gone"), vec![(7, Bytes::from_static(b"back"))]);
+    node.stop();
+}
+
+#[test]
+fn local_tier_messages_stay_off_the_store_and_keep_their_offsets() {
+    let store = tempfile::tempdir().unwrap();
+    let a = tempfile::tempdir().unwrap();
+    let policies = || Policies::new(TopicPolicy::default(), &[TopicRule { tier: Some(Tier::Local), ..rule("raw/#") }]);
+    let cfg = TieringConfig { hot_cache_bytes: 0, ..cfg(store.path()) };
+    let node = start(a.path(), cfg.clone(), policies().unwrap());
+    let secret = b"local-only-payload-0123456789".to_vec();
+    for i in 0..3u8 {
+        node.storage.append_blocking(&[record("raw/x", [secret.clone(), vec![i]].concat(), Timestamp::now())]).unwrap();
+        node.storage.append_blocking(&[record("dev/0", format!("shared-{i}").into_bytes(), Timestamp::now())]).unwrap();
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sealed = rt.block_on(node.storage.roll()).unwrap();
+    rt.block_on(node.tiering.wait_uploaded(sealed)).unwrap();
+    // The object holds the shared messages but not the local ones; the local segment, their
+    // only copy, is not evicted even with no hot cache.
+    let objects: Vec<u8> = std::fs::read_dir(store.path().join("segments"))
+        .unwrap()
+        .flat_map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    let has = |needle: &[u8]| objects.windows(needle.len()).any(|w| w == needle);
+    assert!(has(b"shared-1") && !has(&secret));
+    assert_eq!(node.topic("raw/x").len(), 3, "still served from the local disk");
+    node.stop();
+
+    // Without the disk they are gone, and the topic's numbering goes on where it was.
+    let b = tempfile::tempdir().unwrap();
+    let node = start(b.path(), cfg, policies().unwrap());
+    let id = node.storage.queue_id(&QueueName::Topic("raw/x".into())).unwrap().unwrap();
+    let entries = node.storage.read_index(id, silt_types::Offset(0), 10).unwrap();
+    assert_eq!(entries.len(), 3);
+    for (_, e) in &entries {
+        assert_eq!(node.storage.read_record(e).unwrap_err().kind(), silt_storage::ErrorKind::Expired);
+    }
+    assert_eq!(node.topic("dev/0").len(), 3);
+    let next = node.storage.append_blocking(&[record("raw/x", b"new".to_vec(), Timestamp::now())]).unwrap();
+    node.storage.wait_dispatched_blocking(next.end).unwrap();
+    assert_eq!(node.storage.queue_bounds(id).unwrap().1.get(), 4);
     node.stop();
 }

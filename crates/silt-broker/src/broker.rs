@@ -769,7 +769,17 @@ impl Broker {
         let old = self.retained.read().expect("invariant: lock not poisoned").older_than(target);
         let copied = old.len();
         for (topic, entry) in old {
-            let original = self.storage.read_record(&entry)?;
+            let original = match self.storage.read_record(&entry) {
+                Ok(r) => r,
+                Err(e) if e.kind() == silt_storage::ErrorKind::Expired => {
+                    let mut retained = self.retained.write().expect("invariant: lock not poisoned");
+                    if retained.get(&topic) == Some(entry) {
+                        retained.set(&topic, None); // its record is gone
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let copy = Record {
                 stream: RETAINED_COPY_STREAM.into(),
                 partition: silt_types::Partition(0),
@@ -865,6 +875,7 @@ impl Broker {
                     }
                     Some(m)
                 }
+                Err(err) if err.kind() == silt_storage::ErrorKind::Expired => None, // gone: no longer retained
                 Err(err) => {
                     tracing::warn!(error = %err, "retained message unreadable");
                     None

@@ -86,6 +86,7 @@ impl Message {
             headers,
             attrs,
             control: false,
+            withheld: false,
         }
     }
 

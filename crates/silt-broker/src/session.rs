@@ -272,8 +272,14 @@ impl Subscriptions {
                 }
             }
             let entry = matched[0].2;
-            let message = Message::from_record(storage.read_record(&entry)?);
-            let expired = message.remaining_expiry(now) == Some(0);
+            // Gone records (retention raced the read, or a `tier = "local"` message lost with
+            // the disk) are skipped like expired ones: the cursors move past them.
+            let (message, gone) = match storage.read_record(&entry) {
+                Ok(r) => (Message::from_record(r), false),
+                Err(e) if e.kind() == silt_storage::ErrorKind::Expired => (Message::default(), true),
+                Err(e) => return Err(e),
+            };
+            let expired = gone || message.remaining_expiry(now) == Some(0);
             let mut qos = 0u8;
             let mut retain = false;
             let mut dup = false;

@@ -162,8 +162,8 @@ impl Storage {
     /// caller can pipeline appends and still acknowledge them in order. Waits only while the
     /// writer's queue is full (backpressure).
     pub async fn submit(&self, records: &[Record]) -> Result<PendingAppendAck> {
-        if records.iter().any(|r| r.control) {
-            return Err(Error::Invalid("control records are internal to the log".into()));
+        if records.iter().any(|r| r.control || r.withheld) {
+            return Err(Error::Invalid("control and withheld records are internal to the log".into()));
         }
         self.submit_any(records).await
     }
@@ -282,9 +282,15 @@ impl Storage {
     }
 
     /// The record an index entry points at. Payload bytes are shared, not copied.
+    /// A withheld record (a `tier = "local"` record restored from the object store) is gone:
+    /// `Error::Withheld`, of kind `Expired`.
     pub fn read_record(&self, entry: &IndexEntry) -> Result<Record> {
         let bytes = self.log.read(entry.position, entry.size as usize)?;
-        Record::decode(&bytes).map_err(|source| Error::Corrupt { position: entry.position.get(), source })
+        let r = Record::decode(&bytes).map_err(|source| Error::Corrupt { position: entry.position.get(), source })?;
+        if r.withheld {
+            return Err(Error::Withheld(entry.position.get()));
+        }
+        Ok(r)
     }
 
     /// Up to `max` records of a queue from offset `from`, with their offsets.

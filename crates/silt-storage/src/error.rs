@@ -35,6 +35,8 @@ pub enum Error {
     NotFound(u64),
     #[error("position {0} was deleted by retention")]
     Expired(u64),
+    #[error("the record at {0} was kept off the object store (tier \"local\") and its local copy is gone")]
+    Withheld(u64),
     #[error("object store: {0}")]
     Remote(String),
     #[error("another node owns this log's object-store prefix (fenced); writes are refused")]
@@ -49,7 +51,7 @@ impl Error {
             Error::Invalid(_) | Error::Format(_) => ErrorKind::InvalidInput,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::Closed | Error::Fenced => ErrorKind::Closed,
-            Error::Expired(_) => ErrorKind::Expired,
+            Error::Expired(_) | Error::Withheld(_) => ErrorKind::Expired,
             Error::Io { .. } | Error::Index(_) | Error::NotFound(_) | Error::Remote(_) => ErrorKind::Internal,
         }
     }

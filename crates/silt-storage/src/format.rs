@@ -11,12 +11,17 @@
 //! batch        := len u32 | crc u32 | body            (crc = CRC32C of body, len = |body|)
 //! body         := version u8 = 1 | attributes u8 = 0 | reserved u16 | count u32 | record*count
 //! record       := len u32 (whole record, this field included)
-//!                 | flags u8 (bit 0: control record) | reserved u8 | attrs u16
+//!                 | flags u8 (bit 0: control record, bit 1: withheld) | reserved u8 | attrs u16
 //!                 | timestamp i64 (ms since epoch) | partition u32
 //!                 | stream: u16 len, UTF-8 | topic: u16 len, UTF-8 (empty: none)
 //!                 | key: u32 len (0xFFFF_FFFF: null), bytes | value: u32 len, bytes
 //!                 | headers: u16 count, (name: u16 len UTF-8, value: u32 len bytes)*count
 //! ```
+//!
+//! A *withheld* record is a copy whose key, value and headers were replaced by zeros of the same
+//! total length (`value` holds them; no headers): the object-store copy of a record whose topic
+//! is kept off the store (`tier = "local"`). Positions, lengths and queue offsets stay those of
+//! the original; readers treat it as data that is gone.
 //!
 //! All integers are little-endian. A batch is the unit of atomicity and of the CRC: recovery
 //! keeps whole batches only. `attrs` belongs to the protocol layer (MQTT QoS, retain, payload
@@ -40,6 +45,7 @@ pub const BODY_HEADER_LEN: usize = 8;
 const RECORD_FIXED_LEN: usize = 4 + 1 + 1 + 2 + 8 + 4;
 
 const FLAG_CONTROL: u8 = 1;
+const FLAG_WITHHELD: u8 = 2;
 const NULL_KEY: u32 = u32::MAX;
 
 /// Why bytes are not a valid batch or record.
@@ -76,6 +82,9 @@ pub struct Record {
     /// The log's internal records (queue registrations). Never set by callers: `append`
     /// refuses such records; readers of a queue never see them.
     pub control: bool,
+    /// A stand-in for a record whose content was kept off the object store (see the module
+    /// documentation). Never set by callers.
+    pub withheld: bool,
 }
 
 impl Record {
@@ -116,7 +125,7 @@ impl Record {
         let len = self.encoded_len();
         out.reserve(len);
         out.put_u32_le(len as u32);
-        out.put_u8(if self.control { FLAG_CONTROL } else { 0 });
+        out.put_u8(if self.control { FLAG_CONTROL } else { 0 } | if self.withheld { FLAG_WITHHELD } else { 0 });
         out.put_u8(0);
         out.put_u16_le(self.attrs);
         out.put_i64_le(self.timestamp.get());
@@ -182,7 +191,27 @@ impl Record {
             headers,
             attrs,
             control: flags & FLAG_CONTROL != 0,
+            withheld: flags & FLAG_WITHHELD != 0,
         })
+    }
+
+    /// The withheld stand-in of this record: same stream, topic, partition, timestamp and
+    /// encoded length; key, value and headers replaced by zeros.
+    pub fn withhold(&self) -> Record {
+        let content =
+            self.encoded_len() - (RECORD_FIXED_LEN + 2 + self.stream.len() + 2 + self.topic.len() + 4 + 4 + 2);
+        Record {
+            timestamp: self.timestamp,
+            stream: self.stream.clone(),
+            partition: self.partition,
+            topic: self.topic.clone(),
+            key: None,
+            value: Bytes::from(vec![0u8; content]),
+            headers: Vec::new(),
+            attrs: self.attrs,
+            control: self.control,
+            withheld: true,
+        }
     }
 
     /// True for the log's internal records, which readers of a queue never see.
@@ -432,10 +461,22 @@ mod tests {
                 headers: headers.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect(),
                 attrs,
                 control: false,
+                withheld: false,
             })
     }
 
     proptest! {
+        #[test]
+        fn a_withheld_record_keeps_the_length_and_queue_fields_and_drops_the_content(r in arb_record()) {
+            let w = r.withhold();
+            prop_assert_eq!(w.encoded_len(), r.encoded_len());
+            let enc = encode_batch(std::slice::from_ref(&w), 1 << 24).unwrap();
+            let back = check_batch(Bytes::from(enc.frame), 1 << 24).unwrap().record(0).unwrap();
+            prop_assert!(back.withheld);
+            prop_assert_eq!((&back.stream, back.partition, &back.topic, back.timestamp), (&r.stream, r.partition, &r.topic, r.timestamp));
+            prop_assert!(back.key.is_none() && back.headers.is_empty() && back.value.iter().all(|b| *b == 0));
+        }
+
         #[test]
         fn batch_round_trips(records in prop::collection::vec(arb_record(), 0..20)) {
             let enc = encode_batch(&records, 1 << 24).unwrap();
@@ -478,6 +519,7 @@ mod tests {
             headers: vec![("h".into(), Bytes::from_static(b"x"))],
             attrs: 7,
             control: true,
+            withheld: false,
         };
         let enc = encode_batch(std::slice::from_ref(&r), 1 << 20).unwrap();
         let (off, len) = enc.records[0];
