@@ -26,6 +26,9 @@ pub struct TieringConfig {
     pub multipart_part_bytes: u64,
     /// How often retention looks for expired objects (ms).
     pub retention_check_interval_ms: u64,
+    /// How often a node checks that no newer node took its prefix over (ms); it also finds out
+    /// at its next manifest commit.
+    pub fence_check_interval_ms: u64,
     /// On SIGTERM, how long to keep trying to upload what is pending before exiting anyway (ms).
     /// What is left is uploaded on the next start.
     pub shutdown_upload_timeout_ms: u64,
@@ -42,6 +45,7 @@ impl Default for TieringConfig {
             read_ahead_blocks: 4,
             multipart_part_bytes: 16 << 20,
             retention_check_interval_ms: 60_000,
+            fence_check_interval_ms: 5_000,
             shutdown_upload_timeout_ms: 30_000,
         }
     }
@@ -70,6 +74,9 @@ impl TieringConfig {
         }
         if self.retention_check_interval_ms == 0 {
             return bad("retention_check_interval_ms", "must be greater than 0");
+        }
+        if self.fence_check_interval_ms == 0 {
+            return bad("fence_check_interval_ms", "must be greater than 0");
         }
         Ok(())
     }

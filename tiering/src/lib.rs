@@ -275,6 +275,8 @@ impl Tiering {
         }
         let r = inner.clone();
         self.rt().spawn(async move { r.retention_loop().await });
+        let f = inner.clone();
+        self.rt().spawn(async move { f.fence_loop().await });
         Ok(())
     }
 
@@ -586,6 +588,30 @@ impl Inner {
             deleted_objects: self.deleted.load(Ordering::Relaxed),
             fenced: self.fenced.load(Ordering::Acquire),
             epoch: self.epoch,
+        }
+    }
+
+    /// Looks for a manifest version after ours: a newer node took the prefix over. Found
+    /// within `fence_check_interval_ms` even when this node has nothing to upload.
+    async fn fence_loop(self: Arc<Self>) {
+        let every = Duration::from_millis(self.cfg.fence_check_interval_ms);
+        loop {
+            tokio::time::sleep(every).await;
+            if self.fenced.load(Ordering::Acquire) {
+                return;
+            }
+            // Holding the lock: our own commits move the version, never a race with them.
+            let m = self.manifest.lock().await;
+            match self.log.successor(m.version).await {
+                Ok(Some(next)) if next.epoch != m.epoch || next.writer != m.writer => {
+                    let e = Error::Fenced { epoch: next.epoch, writer: next.writer };
+                    drop(m);
+                    self.fence(&e);
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "fence check failed; retrying"),
+            }
         }
     }
 

@@ -103,6 +103,21 @@ impl ManifestLog {
         Ok(head)
     }
 
+    /// The version after `version`, if someone published it (one GET; no LIST).
+    pub async fn successor(&self, version: u64) -> Result<Option<Manifest>, object_store::Error> {
+        match self.store.get(&version_path(version + 1)).await {
+            Ok(r) => {
+                let b = r.bytes().await?;
+                serde_json::from_slice(&b).map(Some).map_err(|e| object_store::Error::Generic {
+                    store: "manifest",
+                    source: format!("version {}: {e}", version + 1).into(),
+                })
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Publishes `m` as version `m.version`, unless someone else did first.
     pub async fn commit(&self, m: &Manifest) -> Result<Commit, object_store::Error> {
         let body = Bytes::from(serde_json::to_vec_pretty(m).expect("invariant: the manifest serializes"));

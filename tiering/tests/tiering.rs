@@ -27,6 +27,7 @@ fn cfg(store: &Path) -> TieringConfig {
     TieringConfig {
         object_store: Some(format!("file://{}", store.display())),
         retention_check_interval_ms: 50,
+        fence_check_interval_ms: 50,
         object_ack_window_ms: 20,
         ..TieringConfig::default()
     }
@@ -159,13 +160,11 @@ fn a_second_node_on_the_same_prefix_fences_the_first() {
 
     let second = start(b.path(), cfg(store.path()), default_policies());
     assert_eq!(second.topic("dev/0").len(), 34, "the second node serves what the first uploaded");
-    // The first node learns at its next manifest commit, and stops.
-    fill(&first.storage, 10);
-    let sealed = rt.block_on(first.storage.roll()).unwrap();
-    let err = rt.block_on(first.tiering.wait_uploaded(sealed)).unwrap_err();
-    assert!(err.to_string().contains("fenced"), "{err}");
-    assert!(first.tiering.stats().fenced);
+    // The first node finds out by itself (fence check), before it has anything to upload.
+    wait_until("the fence check", || first.tiering.stats().fenced);
     assert!(first.storage.append_blocking(&[record("dev/0", b"x".to_vec(), Timestamp::now())]).is_err());
+    let err = rt.block_on(first.tiering.wait_uploaded(sealed.add(1))).unwrap_err();
+    assert!(err.to_string().contains("fenced"), "{err}");
     let m = manifest(store.path());
     assert_eq!(m.epoch, second.tiering.stats().epoch);
     second.stop();
@@ -302,4 +301,22 @@ fn retention_by_size_keeps_the_newest_bytes_of_a_topic() {
     assert!(held.len() >= 100 && held.len() <= 150, "{} records held", held.len());
     assert_eq!(held.last().unwrap().0, 499, "offsets are unchanged");
     node.stop();
+}
+
+#[test]
+fn a_fenced_node_learns_at_its_next_manifest_commit_too() {
+    let store = tempfile::tempdir().unwrap();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let slow_check = TieringConfig { fence_check_interval_ms: 3_600_000, ..cfg(store.path()) };
+    let first = start(a.path(), slow_check, default_policies());
+    let second = start(b.path(), cfg(store.path()), default_policies());
+    fill(&first.storage, 10);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sealed = rt.block_on(first.storage.roll()).unwrap();
+    let err = rt.block_on(first.tiering.wait_uploaded(sealed)).unwrap_err();
+    assert!(err.to_string().contains("fenced"), "{err}");
+    assert!(first.storage.append_blocking(&[record("dev/0", b"x".to_vec(), Timestamp::now())]).is_err());
+    assert_eq!(manifest(store.path()).epoch, second.tiering.stats().epoch);
+    second.stop();
+    first.stop();
 }
