@@ -3,8 +3,8 @@
 //! ([`InboundAliases`], [`OutboundAliases`]) and the keep-alive deadline.
 //!
 //! Sans-I/O like the codec: methods take the event (an acknowledgement arrived, a message is
-//! to be sent) and return what the caller must do; time is passed in. The broker's connection
-//! task owns one of each and does the I/O.
+//! to be sent) and return what the caller must do; time is passed in. The server connection
+//! ([`crate::server::Connection`]) owns one of each; a client can use them the same way.
 //!
 //! Invariants: a packet id is in use by at most one in-flight message; ids are allocated
 //! round-robin from 1 and never 0; a QoS 2 message completes only by PUBCOMP after its PUBREC
@@ -132,18 +132,23 @@ impl InboundAliases {
         Self { map: HashMap::new(), max }
     }
 
-    /// The topic of a PUBLISH carrying `topic` and maybe `alias`, or the reason to disconnect.
-    pub fn resolve(&mut self, alias: Option<u16>, topic: &str) -> Result<String, ReasonCode> {
+    /// Fills in the topic of a PUBLISH carrying `topic` and maybe `alias` (in place: a PUBLISH
+    /// without an alias costs nothing), or returns the reason to disconnect.
+    pub fn resolve(&mut self, alias: Option<u16>, topic: &mut String) -> Result<(), ReasonCode> {
         match alias {
             Some(0) => Err(ReasonCode::TopicAliasInvalid),
             Some(a) if a > self.max => Err(ReasonCode::TopicAliasInvalid),
-            Some(a) if topic.is_empty() => self.map.get(&a).cloned().ok_or(ReasonCode::ProtocolError),
+            Some(a) if topic.is_empty() => {
+                let known = self.map.get(&a).ok_or(ReasonCode::ProtocolError)?;
+                topic.push_str(known);
+                Ok(())
+            }
             Some(a) => {
-                self.map.insert(a, topic.to_owned());
-                Ok(topic.to_owned())
+                self.map.insert(a, topic.clone());
+                Ok(())
             }
             None if topic.is_empty() => Err(ReasonCode::ProtocolError),
-            None => Ok(topic.to_owned()),
+            None => Ok(()),
         }
     }
 }
@@ -224,12 +229,16 @@ mod tests {
     #[test]
     fn inbound_aliases_follow_the_spec() {
         let mut a = InboundAliases::new(4);
-        assert_eq!(a.resolve(Some(2), "a/b"), Ok("a/b".to_owned()));
-        assert_eq!(a.resolve(Some(2), ""), Ok("a/b".to_owned()));
-        assert_eq!(a.resolve(Some(3), ""), Err(ReasonCode::ProtocolError));
-        assert_eq!(a.resolve(Some(0), "x"), Err(ReasonCode::TopicAliasInvalid));
-        assert_eq!(a.resolve(Some(5), "x"), Err(ReasonCode::TopicAliasInvalid));
-        assert_eq!(a.resolve(None, ""), Err(ReasonCode::ProtocolError));
+        let mut resolve = |alias, topic: &str| {
+            let mut topic = topic.to_owned();
+            a.resolve(alias, &mut topic).map(|()| topic)
+        };
+        assert_eq!(resolve(Some(2), "a/b"), Ok("a/b".to_owned()));
+        assert_eq!(resolve(Some(2), ""), Ok("a/b".to_owned()));
+        assert_eq!(resolve(Some(3), ""), Err(ReasonCode::ProtocolError));
+        assert_eq!(resolve(Some(0), "x"), Err(ReasonCode::TopicAliasInvalid));
+        assert_eq!(resolve(Some(5), "x"), Err(ReasonCode::TopicAliasInvalid));
+        assert_eq!(resolve(None, ""), Err(ReasonCode::ProtocolError));
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Sans-I/O MQTT 3.1, 3.1.1 and 5.0 codec: bytes in, typed packets out, and back. No sockets,
-//! no runtime, no clocks; the broker's connection task owns the buffers.
+//! Sans-I/O MQTT 3.1, 3.1.1 and 5.0: the codec (bytes in, typed packets out, and back) and
+//! the server side of a connection as a state machine ([`server::Connection`]). No sockets,
+//! no runtime, no clocks: time is passed in, and the broker's connection task is the driver
+//! that owns the socket and executes the connection's requests.
 //!
 //! Module map (all private; the public surface is the re-export list below):
 //! - `codec`: framing — [`decode_connect`] for a connection's first packet, [`decode`] for the
@@ -15,15 +17,17 @@
 //! - `wire`: bounds-checked reader, byte/count sinks, variable byte integers, strings.
 //! - `flow`: per-connection state without I/O — packet ids and the in-flight window
 //!   ([`Outbound`]), topic aliases both ways, the keep-alive deadline (time passed in).
+//! - [`server`]: one connection's protocol decisions, from CONNECT to DISCONNECT: input via
+//!   `handle_*`, output via `poll_transmit` / `poll_timeout` / `poll_event` (quinn's model).
 //!
 //! What the codec checks: everything the spec decides from one packet alone (fixed-header
 //! flags, lengths, UTF-8 and U+0000, duplicate or misplaced properties, property values,
-//! reason codes per packet, wildcards in topic names). What it leaves to the broker: rules
-//! that need connection state or policy (topic alias ranges, receive maximum, packet
-//! identifier reuse, a second CONNECT, which side may send which packet, client identifier
-//! rules) and topic filter syntax.
+//! reason codes per packet, wildcards in topic names). What it leaves to [`server`]: rules
+//! that need connection state (topic alias ranges, receive maximum, packet identifier reuse,
+//! a second CONNECT, which side may send which packet, client identifier rules, topic filter
+//! syntax). What `server` leaves to the broker: policy (credentials, ACLs) and sessions.
 //!
-//! Typical use by a connection task:
+//! Decoding by hand (what [`server::Connection::handle_input`] does for a connection):
 //!
 //! ```
 //! use bytes::BytesMut;
@@ -47,6 +51,7 @@ mod packet;
 mod properties;
 mod property;
 mod reason;
+pub mod server;
 mod types;
 mod wire;
 

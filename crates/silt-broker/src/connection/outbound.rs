@@ -1,8 +1,13 @@
 //! Packets to the client: retained messages owed to new subscriptions, pulls from the
-//! session's and shared groups' cursors within the window, acknowledgements that settle
-//! cursors, QoS 2 state restored after a restart, topic aliases and packet ids.
+//! session's and shared groups' cursors within the core's window, completions that settle
+//! cursors, and QoS 2 deliveries restored after a restart. Packet ids, topic aliases and the
+//! client's Maximum Packet Size are the core's.
+
+use silt_mqtt::server::Sent;
+use silt_mqtt::{Publish, QoS};
 
 use super::*;
+use crate::session::SharedMembership;
 
 impl<R, W> Conn<R, W>
 where
@@ -29,18 +34,15 @@ where
             let m = Message::from_record(record);
             let mut p = Publish::new(m.topic.clone(), m.payload.clone());
             p.qos = QoS::ExactlyOnce;
-            p.dup = true;
-            p.packet_id = Some(id);
-            if self.version.is_v5() {
+            if self.core.version().is_v5() {
                 p.properties = publish_properties(&m, o.subscription_ids.clone(), Timestamp::now());
             }
-            self.inflight.restore(id, QoS::ExactlyOnce, Inflight { settles: o.settles(), group: None });
-            self.queue(&Packet::Publish(p));
+            self.core.resend(id, p, Inflight { settles: o.settles(), group: None });
         }
     }
 
     /// Settles an outbound message the client completed: PUBACK (QoS 1), PUBCOMP or an error
-    /// PUBREC (QoS 2). The in-flight window (`silt_mqtt::Outbound`) already matched the id.
+    /// PUBREC (QoS 2).
     pub(super) async fn completed(&mut self, id: PacketId, qos: QoS, f: Inflight) {
         if let Some(group) = &f.group {
             let mut g = group.lock().await;
@@ -71,13 +73,13 @@ where
     }
 
     /// Pushes retained messages owed to new subscriptions, then pulls from the cursors, within
-    /// the window.
-    pub(super) async fn deliver(&mut self) -> Result<(), Close> {
+    /// the window. A failed read closes the connection.
+    pub(super) async fn deliver(&mut self) {
         let now = Timestamp::now();
         while let Some((m, granted, sub_id)) = self.retained_queue.front().cloned() {
             let qos = QoS::from_u8(m.qos.min(granted.as_u8())).unwrap_or_default();
-            if qos != QoS::AtMostOnce && self.inflight.room() == 0 {
-                return Ok(());
+            if qos != QoS::AtMostOnce && self.core.send_room() == 0 {
+                return;
             }
             self.retained_queue.pop_front();
             if m.remaining_expiry(now) == Some(0) {
@@ -86,11 +88,11 @@ where
             self.send_message(&m, qos, true, false, sub_id.into_iter().collect(), Vec::new(), None, now);
         }
         if !self.want_pull {
-            return Ok(());
+            return;
         }
-        let room = self.inflight.room().min(PULL_BATCH);
+        let room = self.core.send_room().min(PULL_BATCH);
         if room == 0 {
-            return Ok(());
+            return;
         }
         let batch = {
             let mut s = self.session.lock().await;
@@ -103,7 +105,8 @@ where
                 }
                 Err(e) => {
                     tracing::warn!(client_id = %self.client_id, error = %e, "delivery read failed");
-                    return Err(Close::Violation(ReasonCode::UnspecifiedError));
+                    self.core.close(Close::Error(silt_mqtt::ReasonCode::UnspecifiedError));
+                    return;
                 }
             }
         };
@@ -151,7 +154,6 @@ where
                 }
             }
         }
-        Ok(())
     }
 
     /// Sends a QoS 1/2 message from a shared group; its acknowledgement settles the group.
@@ -169,18 +171,22 @@ where
         let mut p = Publish::new(m.topic.clone(), m.payload.clone());
         p.qos = qos;
         p.dup = dup;
-        if self.version.is_v5() {
+        if self.core.version().is_v5() {
             p.properties = publish_properties(m, ids, now);
         }
-        let Some(mut p) = self.fit(p) else {
-            let group = group.clone();
-            tokio::spawn(async move { group.lock().await.subs.settle(&settles) });
-            return;
-        };
-        let id = self.inflight.send(qos, Inflight { settles, group: Some(group.clone()) });
-        p.packet_id = Some(id);
-        self.queue(&Packet::Publish(p));
-        self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
+        match self.core.send(p, Inflight { settles, group: Some(group.clone()) }) {
+            Sent::Queued(_) => {
+                self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Sent::TooLarge(f) => {
+                let group = group.clone();
+                tokio::spawn(async move { group.lock().await.subs.settle(&f.settles) });
+            }
+            Sent::NoRoom(f) => {
+                let group = group.clone();
+                tokio::spawn(async move { group.lock().await.subs.release(&f.settles) });
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -201,58 +207,42 @@ where
             self.settle_now(settles);
             return;
         }
+        // What a QoS 2 delivery's record needs, taken before the message is handed over.
+        let qos2 = (qos == QoS::ExactlyOnce).then_some(entry).flatten().map(|entry| {
+            (entry, settles.iter().map(|(f, o)| (f.clone(), o.get())).collect(), subscription_ids.clone())
+        });
         let mut p = Publish::new(m.topic.clone(), m.payload.clone());
         p.qos = qos;
         p.retain = retain;
         p.dup = dup;
-        if self.version.is_v5() {
-            p.properties = publish_properties(m, subscription_ids.clone(), now);
+        if self.core.version().is_v5() {
+            p.properties = publish_properties(m, subscription_ids, now);
         }
-        let Some(mut p) = self.fit(p) else {
-            // The client could not accept it: the spec says discard, as if delivered.
-            tracing::debug!(client_id = %self.client_id, "message larger than the client's maximum packet size dropped");
-            self.settle_now(settles);
-            return;
-        };
-        if qos != QoS::AtMostOnce {
-            let qos2 = (qos == QoS::ExactlyOnce).then(|| settles.iter().map(|(f, o)| (f.clone(), o.get())).collect());
-            let id = self.inflight.send(qos, Inflight { settles, group: None });
-            p.packet_id = Some(id);
-            if let (Some(settles), Some(entry)) = (qos2, entry) {
-                self.qos2_unpersisted.push(OutboundQos2 {
-                    packet_id: id.get(),
-                    position: entry.position.get(),
-                    size: entry.size,
-                    timestamp: entry.timestamp.get(),
-                    settles,
-                    subscription_ids,
-                });
+        match self.core.send(p, Inflight { settles, group: None }) {
+            Sent::Queued(id) => {
+                if let (Some(id), Some((entry, settles, subscription_ids))) = (id, qos2) {
+                    self.qos2_unpersisted.push(OutboundQos2 {
+                        packet_id: id.get(),
+                        position: entry.position.get(),
+                        size: entry.size,
+                        timestamp: entry.timestamp.get(),
+                        settles,
+                        subscription_ids,
+                    });
+                }
+                self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Sent::TooLarge(f) => {
+                // The client could not accept it: the spec says discard, as if delivered.
+                tracing::debug!(client_id = %self.client_id, "message larger than the client's maximum packet size dropped");
+                self.settle_now(f.settles);
+            }
+            Sent::NoRoom(f) => {
+                // Not reached (pulls stay within the window): back to the cursor if it were.
+                let session = self.session.clone();
+                tokio::spawn(async move { session.lock().await.subs.release(&f.settles) });
             }
         }
-        self.queue(&Packet::Publish(p));
-        self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The PUBLISH, with its topic alias applied, if it fits the client's Maximum Packet Size
-    /// (checked before an alias is assigned, so a dropped message never defines one).
-    pub(super) fn fit(&mut self, mut p: Publish) -> Option<Publish> {
-        if p.qos != QoS::AtMostOnce {
-            p.packet_id = PacketId::new(1); // same encoded size as the real id
-        }
-        let packet = Packet::Publish(p);
-        if !packet.encoded_len(self.version).is_ok_and(|n| n as u64 <= u64::from(self.client_max_packet)) {
-            return None;
-        }
-        let Packet::Publish(mut p) = packet else { unreachable!("invariant: built as a PUBLISH") };
-        p.packet_id = None;
-        if self.version.is_v5() {
-            let (alias, send_topic) = self.topic_aliases_out.apply(&p.topic);
-            p.properties.topic_alias = alias;
-            if !send_topic {
-                p.topic.clear();
-            }
-        }
-        Some(p)
     }
 
     /// Settles a message that will not be sent (denied by an ACL, too large for the client).

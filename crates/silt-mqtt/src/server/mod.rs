@@ -1,0 +1,349 @@
+//! The server side of one MQTT connection as a sans-I/O state machine: every protocol
+//! decision between the client's bytes and the broker's answers, with no socket, runtime,
+//! clock or storage.
+//!
+//! A driver owns a [`Connection`] and moves data in and out (quinn's model):
+//! - in: bytes read from the client ([`Connection::handle_input`]), the time
+//!   ([`Connection::handle_timeout`]), the broker's answers (`handle_authenticated`,
+//!   `accept` / `refuse`, `handle_stored`, `handle_subscribed`, `handle_unsubscribed`), the
+//!   messages to push ([`Connection::send`], [`Connection::resend`]) and closes it notices
+//!   itself ([`Connection::close`]);
+//! - out: bytes to write ([`Connection::poll_transmit`]), the next deadline
+//!   ([`Connection::poll_timeout`]) and requests to the broker ([`Connection::poll_event`]).
+//!
+//! `T` is whatever the driver needs back when an outbound message completes (which cursors
+//! it settles); the connection only stores it.
+//!
+//! Modules, one per concern: `handshake` (CONNECT to CONNACK), `inbound` (PUBLISH and PUBREL
+//! from the client, acknowledged in arrival order once stored), `outbound` (PUBLISH to the
+//! client within its window, and its acknowledgements), `subscribe` (SUBSCRIBE and
+//! UNSUBSCRIBE), `event` (the types at the boundary).
+//!
+//! Invariants:
+//! - PUBACKs and PUBRECs of stored messages leave in the order their PUBLISHes arrived,
+//!   whatever order the broker answers in; refusals are answered at once.
+//! - QoS 1/2 PUBLISHes awaiting an answer plus QoS 2 ids awaiting PUBREL never exceed our
+//!   Receive Maximum: one more closes the connection with 0x93.
+//! - At most the client's Receive Maximum (capped by ours) outbound QoS 1/2 messages are in
+//!   flight; none larger than its Maximum Packet Size is sent.
+//! - [`Event::Closed`] comes once, last, and only after every store request was answered, so
+//!   that publishes already handed to the broker are still acknowledged.
+//!
+//! Not decided here: authentication and authorization, sessions and what to deliver (the
+//! broker's), and when bytes actually leave (the driver's).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::codec::{decode, decode_connect};
+use crate::flow::{InboundAliases, Outbound, OutboundAliases, keep_alive_deadline};
+use crate::packet::{Disconnect, Packet, Will};
+use crate::reason::ReasonCode;
+use crate::types::ProtocolVersion;
+
+mod event;
+mod handshake;
+mod inbound;
+mod outbound;
+mod subscribe;
+
+pub use event::{
+    Close, Credentials, Event, OpenRequest, Refusal, Sent, Settings, Stored, SubscribeFilter, SubscribeRequest,
+    Subscribed, SubscriptionFilter, Token, UnsubscribeFilter, UnsubscribeRequest,
+};
+
+use handshake::Handshake;
+use inbound::PendingStore;
+use subscribe::{PendingSubscribe, PendingUnsubscribe};
+
+/// An output buffer that grew past this is given back once written, not kept for the next
+/// burst: an idle connection should cost little.
+const TRANSMIT_KEEP: usize = 256 * 1024;
+
+enum Phase {
+    /// Waiting for the CONNECT until the deadline.
+    Connecting {
+        deadline: Instant,
+    },
+    /// CONNECT received; the broker checks the credentials ([`Event::Authenticate`]).
+    Authenticating(Box<Handshake>),
+    /// The broker opens the session ([`Event::Open`]).
+    Opening(Box<Handshake>),
+    Open,
+    /// No more input; waiting for the answers to stores already requested.
+    Closing(Close),
+    Closed,
+}
+
+/// The server side of one MQTT connection. See the module documentation.
+pub struct Connection<T> {
+    settings: Settings,
+    phase: Phase,
+    /// Placeholder (3.1.1) until the CONNECT names it.
+    version: ProtocolVersion,
+    /// Whether the CONNACK accepted the connection (a session, a will, DISCONNECT on close).
+    opened: bool,
+    /// Seed of an assigned client identifier.
+    nonce: u64,
+    keep_alive: Duration,
+    /// When bytes last arrived from the client.
+    last_input: Instant,
+    transmit: BytesMut,
+    events: VecDeque<Event<T>>,
+    next_token: u64,
+    inbound_aliases: InboundAliases,
+    /// Inbound QoS 1/2 PUBLISHes not yet acknowledged, in arrival order.
+    stores: VecDeque<PendingStore>,
+    /// Inbound QoS 2 ids stored and acknowledged by PUBREC, awaiting PUBREL.
+    awaiting_release: BTreeSet<u16>,
+    inflight: Outbound<T>,
+    outbound_aliases: OutboundAliases,
+    /// The client's Maximum Packet Size.
+    client_max_packet: u32,
+    /// Seconds, as granted.
+    session_expiry: u32,
+    will: Option<Box<Will>>,
+    subscribes: VecDeque<PendingSubscribe>,
+    unsubscribes: VecDeque<PendingUnsubscribe>,
+}
+
+impl<T> Connection<T> {
+    /// A connection just accepted at `now`, waiting for its CONNECT. `nonce` seeds the
+    /// identifier assigned to a client that sends an empty one.
+    pub fn new(now: Instant, settings: Settings, nonce: u64) -> Self {
+        Self {
+            settings,
+            phase: Phase::Connecting { deadline: now + settings.connect_timeout },
+            version: ProtocolVersion::V3_1_1,
+            opened: false,
+            nonce,
+            keep_alive: Duration::ZERO,
+            last_input: now,
+            transmit: BytesMut::new(),
+            events: VecDeque::new(),
+            next_token: 0,
+            inbound_aliases: InboundAliases::new(0),
+            stores: VecDeque::new(),
+            awaiting_release: BTreeSet::new(),
+            inflight: Outbound::new(1),
+            outbound_aliases: OutboundAliases::new(0),
+            client_max_packet: u32::MAX,
+            session_expiry: 0,
+            will: None,
+            subscribes: VecDeque::new(),
+            unsubscribes: VecDeque::new(),
+        }
+    }
+
+    /// The protocol version the CONNECT named (3.1.1 before it arrives).
+    pub fn version(&self) -> ProtocolVersion {
+        self.version
+    }
+
+    /// Whether the connection is accepted and not closing: packets are read, messages sent.
+    pub fn is_open(&self) -> bool {
+        matches!(self.phase, Phase::Open)
+    }
+
+    /// Handles the next whole packet in `buf`, bytes read from the client at `now`, and
+    /// consumes it. Returns `false` when `buf` holds no whole packet, or the connection reads
+    /// no more for now (it awaits the broker during the handshake, or is closing). Execute the
+    /// events of one packet before feeding the next: a store requested counts against the
+    /// client's Receive Maximum until answered.
+    pub fn handle_input(&mut self, now: Instant, buf: &mut BytesMut) -> bool {
+        if !buf.is_empty() {
+            // Any bytes count as activity, even a packet still incomplete.
+            self.last_input = now;
+        }
+        match self.phase {
+            Phase::Connecting { .. } => match decode_connect(buf, self.settings.max_packet_size) {
+                Ok(None) => false,
+                Ok(Some(connect)) => {
+                    self.on_connect(connect);
+                    true
+                }
+                Err(e) => {
+                    self.refuse_undecodable(e);
+                    true
+                }
+            },
+            Phase::Open => match decode(buf, self.version, self.settings.max_packet_size) {
+                Ok(None) => false,
+                Ok(Some(packet)) => {
+                    self.dispatch(packet);
+                    true
+                }
+                Err(e) => {
+                    self.close(Close::Malformed(e));
+                    true
+                }
+            },
+            _ => false,
+        }
+    }
+
+    /// Handles a packet already decoded (the client's bytes at `now`).
+    pub fn handle_packet(&mut self, now: Instant, packet: Packet) {
+        self.last_input = now;
+        match (&self.phase, packet) {
+            (Phase::Connecting { .. }, Packet::Connect(c)) => self.on_connect(*c),
+            (Phase::Connecting { .. }, p) => {
+                let e = crate::error::ProtocolViolation::FirstPacketNotConnect(p.packet_type());
+                self.close(Close::Malformed(e.into()));
+            }
+            (Phase::Open, p) => self.dispatch(p),
+            _ => {}
+        }
+    }
+
+    /// Checks the deadlines at `now`: the CONNECT's, then keep alive.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.poll_timeout() {
+            Some(deadline) if now >= deadline => {}
+            _ => return,
+        }
+        match self.phase {
+            Phase::Connecting { .. } => self.close(Close::ConnectTimeout),
+            Phase::Open => self.close(Close::KeepAliveTimeout),
+            _ => {}
+        }
+    }
+
+    /// When [`Connection::handle_timeout`] is next due, if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Connecting { deadline } => Some(deadline),
+            Phase::Open => keep_alive_deadline(self.last_input, self.keep_alive),
+            _ => None,
+        }
+    }
+
+    /// Bytes to write to the client, in order.
+    pub fn poll_transmit(&mut self) -> Option<Bytes> {
+        if self.transmit.is_empty() {
+            return None;
+        }
+        if self.transmit.capacity() > TRANSMIT_KEEP {
+            return Some(std::mem::take(&mut self.transmit).freeze());
+        }
+        Some(self.transmit.split().freeze())
+    }
+
+    /// The next request to the broker.
+    pub fn poll_event(&mut self) -> Option<Event<T>> {
+        self.events.pop_front()
+    }
+
+    /// Ends the connection for a reason found outside it (the transport closed, the session
+    /// was taken over, the server shuts down, a server-side failure). The first reason wins.
+    /// Stores already requested are still answered and acknowledged before
+    /// [`Event::Closed`].
+    pub fn close(&mut self, reason: Close) {
+        if matches!(self.phase, Phase::Closing(_) | Phase::Closed) {
+            return;
+        }
+        self.phase = Phase::Closing(reason);
+        self.finish_closing();
+    }
+
+    /// Completes a close once no store is awaited: DISCONNECT (5.0), the in-flight messages
+    /// handed back, the will released.
+    fn finish_closing(&mut self) {
+        if !matches!(self.phase, Phase::Closing(_)) || !self.stores.is_empty() {
+            return;
+        }
+        let Phase::Closing(reason) = std::mem::replace(&mut self.phase, Phase::Closed) else {
+            unreachable!("invariant: checked above")
+        };
+        let mut will = None;
+        if self.opened {
+            self.events.extend(self.inflight.drain().map(Event::Undelivered));
+            if let Some(code) = reason.disconnect_reason()
+                && self.version.is_v5()
+            {
+                self.queue(&Packet::Disconnect(Disconnect::new(code)));
+            }
+            if reason.publishes_will() {
+                will = self.will.take().map(|w| {
+                    let delay = w.properties.will_delay_interval.unwrap_or(0);
+                    // The will waits no longer than the session lives.
+                    let delay = if self.session_expiry == 0 { 0 } else { delay.min(self.session_expiry) };
+                    (w, Duration::from_secs(u64::from(delay)))
+                });
+            }
+        }
+        self.events.push_back(Event::Closed { reason, will });
+    }
+
+    /// Routes a packet of an open connection.
+    fn dispatch(&mut self, packet: Packet) {
+        match packet {
+            Packet::Publish(p) => self.on_publish(p),
+            Packet::PubAck(r) => self.on_puback(r),
+            Packet::PubRec(r) => self.on_pubrec(r),
+            Packet::PubComp(r) => self.on_pubcomp(r),
+            Packet::PubRel(r) => self.on_pubrel(r),
+            Packet::Subscribe(s) => self.on_subscribe(s),
+            Packet::Unsubscribe(u) => self.on_unsubscribe(u),
+            Packet::PingReq => self.queue(&Packet::PingResp),
+            Packet::Disconnect(d) => self.on_disconnect(d),
+            Packet::Auth(_) => self.close(Close::Error(ReasonCode::BadAuthenticationMethod)),
+            // A second CONNECT, or a packet only a server sends.
+            Packet::Connect(_) | Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
+                self.close(Close::Error(ReasonCode::ProtocolError))
+            }
+        }
+    }
+
+    fn on_disconnect(&mut self, d: Disconnect) {
+        if self.version.is_v5()
+            && let Some(e) = d.properties.session_expiry_interval
+        {
+            // MQTT-3.14.2-2: a session that ends with the connection stays so.
+            if self.session_expiry == 0 && e > 0 {
+                return self.close(Close::Error(ReasonCode::ProtocolError));
+            }
+            self.session_expiry = e.min(self.settings.max_session_expiry);
+            self.events.push_back(Event::SessionExpiry(self.session_expiry));
+        }
+        self.close(Close::Client { with_will: d.reason_code == ReasonCode::DisconnectWithWillMessage })
+    }
+
+    fn token(&mut self) -> Token {
+        self.next_token += 1;
+        Token(self.next_token)
+    }
+
+    /// Encodes a packet for the client. Everything queued is built here from checked parts, so
+    /// encoding cannot fail; were it to, the packet is dropped rather than the connection.
+    fn queue(&mut self, packet: &Packet) {
+        let encoded = packet.encode(self.version, &mut self.transmit);
+        debug_assert!(encoded.is_ok(), "invariant: queued packets encode: {encoded:?} for {packet:?}");
+    }
+}
+
+/// A topic name as MQTT §4.7.3 allows it (the rules of `silt_types::TopicName`, checked
+/// without copying the name).
+fn valid_topic_name(topic: &str) -> bool {
+    !topic.is_empty() && topic.len() <= silt_types::topic::MAX_TOPIC_LEN && !topic.contains(['+', '#', '\0'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_follow_the_shared_rules() {
+        for t in ["a", "a/b", "/", "a//b", "$SYS/x"] {
+            assert_eq!(valid_topic_name(t), silt_types::TopicName::new(t).is_ok(), "{t}");
+            assert!(valid_topic_name(t));
+        }
+        for t in ["", "a/+", "#", "a\0b"] {
+            assert_eq!(valid_topic_name(t), silt_types::TopicName::new(t).is_ok(), "{t:?}");
+        }
+        let long = "x".repeat(silt_types::topic::MAX_TOPIC_LEN + 1);
+        assert!(!valid_topic_name(&long));
+    }
+}

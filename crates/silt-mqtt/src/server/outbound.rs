@@ -1,0 +1,96 @@
+//! PUBLISH to the client and its acknowledgements: the in-flight window (the client's
+//! Receive Maximum, capped by ours), packet ids, the client's Maximum Packet Size, topic
+//! aliases, and QoS 2 messages resent under their original ids after a reconnect.
+//!
+//! What to send, and when, is the driver's: it offers a message only while
+//! [`Connection::send_room`] allows one.
+
+use crate::flow::PubRecOutcome;
+use crate::packet::{Packet, PubResponse, Publish};
+use crate::reason::ReasonCode;
+use crate::types::{PacketId, QoS};
+
+use super::{Connection, Event, Phase, Sent};
+
+impl<T> Connection<T> {
+    /// How many more QoS 1/2 messages may be sent now (QoS 0 needs no room).
+    pub fn send_room(&self) -> usize {
+        if matches!(self.phase, Phase::Open) { self.inflight.room() } else { 0 }
+    }
+
+    /// Offers an application message to the client. `data` comes back with
+    /// [`Event::Delivered`] once the client completes it (QoS 1/2), or at once if it cannot be
+    /// sent. The driver sets QoS, retain, DUP and (MQTT 5.0) the properties; the connection
+    /// assigns the packet id and the topic alias.
+    pub fn send(&mut self, publish: Publish, data: T) -> Sent<T> {
+        let acknowledged = publish.qos != QoS::AtMostOnce;
+        if !matches!(self.phase, Phase::Open) || (acknowledged && self.inflight.room() == 0) {
+            return Sent::NoRoom(data);
+        }
+        let Some(mut publish) = self.fit(publish) else { return Sent::TooLarge(data) };
+        let id = acknowledged.then(|| self.inflight.send(publish.qos, data));
+        publish.packet_id = id;
+        self.queue(&Packet::Publish(publish));
+        Sent::Queued(id)
+    }
+
+    /// Sends again, with DUP, a message a previous connection of the session left in flight
+    /// under `id` (a QoS 2 message must keep its id: the client may have it already).
+    pub fn resend(&mut self, id: PacketId, mut publish: Publish, data: T) {
+        if !matches!(self.phase, Phase::Open) || publish.qos == QoS::AtMostOnce {
+            return;
+        }
+        publish.dup = true;
+        publish.packet_id = Some(id);
+        self.inflight.restore(id, publish.qos, data);
+        self.queue(&Packet::Publish(publish));
+    }
+
+    /// The PUBLISH, with its topic alias applied, if it fits the client's Maximum Packet Size
+    /// (checked before an alias is assigned, so a dropped message never defines one).
+    fn fit(&mut self, mut p: Publish) -> Option<Publish> {
+        if p.qos != QoS::AtMostOnce {
+            p.packet_id = PacketId::new(1); // same encoded size as the real id
+        }
+        let packet = Packet::Publish(p);
+        if !packet.encoded_len(self.version).is_ok_and(|n| n as u64 <= u64::from(self.client_max_packet)) {
+            return None;
+        }
+        let Packet::Publish(mut p) = packet else { unreachable!("invariant: built as a PUBLISH") };
+        p.packet_id = None;
+        if self.version.is_v5() {
+            let (alias, send_topic) = self.outbound_aliases.apply(&p.topic);
+            p.properties.topic_alias = alias;
+            if !send_topic {
+                p.topic.clear();
+            }
+        }
+        Some(p)
+    }
+
+    pub(super) fn on_puback(&mut self, r: PubResponse) {
+        if let Some(data) = self.inflight.on_puback(r.packet_id) {
+            self.events.push_back(Event::Delivered { id: r.packet_id, qos: QoS::AtLeastOnce, data });
+        }
+    }
+
+    pub(super) fn on_pubrec(&mut self, r: PubResponse) {
+        match self.inflight.on_pubrec(r.packet_id, r.reason_code) {
+            PubRecOutcome::Release => self.queue(&Packet::PubRel(PubResponse::new(r.packet_id))),
+            PubRecOutcome::Refused(data) => {
+                self.events.push_back(Event::Delivered { id: r.packet_id, qos: QoS::ExactlyOnce, data })
+            }
+            PubRecOutcome::Unknown => {
+                let mut rel = PubResponse::new(r.packet_id);
+                rel.reason_code = ReasonCode::PacketIdentifierNotFound;
+                self.queue(&Packet::PubRel(rel));
+            }
+        }
+    }
+
+    pub(super) fn on_pubcomp(&mut self, r: PubResponse) {
+        if let Some(data) = self.inflight.on_pubcomp(r.packet_id) {
+            self.events.push_back(Event::Delivered { id: r.packet_id, qos: QoS::ExactlyOnce, data });
+        }
+    }
+}
