@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use silt_mqtt::server::{self, Close, Credentials, Event, OpenRequest, Refusal, Settings, Stored, Token};
+use silt_mqtt::server::{self, Close, Credentials, DelayedWill, Event, OpenRequest, Refusal, Settings, Stored, Token};
 use silt_mqtt::{PacketId, PublishProperties, Will};
 use silt_storage::Appended;
 use silt_types::{Offset, Timestamp};
@@ -55,7 +55,7 @@ struct Inflight {
 type Core = server::Connection<Inflight>;
 
 /// The core's last event: why it closed, and the will to publish.
-type Closed = (Close, Option<(Box<Will>, Duration)>);
+type Closed = (Close, Option<DelayedWill>);
 
 pub(crate) async fn run<S>(broker: Arc<Broker>, stream: S, peer: SocketAddr, shutdown: watch::Receiver<bool>)
 where
@@ -343,7 +343,7 @@ where
         let _ = self.wr.shutdown().await;
         self.broker.disconnect(self.conn_id, &self.session).await;
         let (reason, will) = self.closed.take().unzip();
-        if let Some((will, delay)) = will.flatten() {
+        if let Some(DelayedWill { will, delay }) = will.flatten() {
             self.broker.schedule_will(&self.client_id, will_message(*will, &self.client_id), delay);
         }
         tracing::debug!(client_id = %self.client_id, peer = %self.peer, reason = ?reason, "client disconnected");

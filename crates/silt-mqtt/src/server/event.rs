@@ -74,8 +74,15 @@ pub enum Event<T> {
     /// next connection of the session, or to another member of a shared group).
     Undelivered(T),
     /// The connection is over. Write out what [`poll_transmit`](super::Connection::poll_transmit)
-    /// holds, close the transport, then publish `will` after its delay, if any. The last event.
-    Closed { reason: Close, will: Option<(Box<Will>, Duration)> },
+    /// holds, close the transport, then publish the will, if any. The last event.
+    Closed { reason: Close, will: Option<DelayedWill> },
+}
+
+/// A will to publish once `delay` has passed, unless the client comes back first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DelayedWill {
+    pub will: Box<Will>,
+    pub delay: Duration,
 }
 
 /// The credentials of a CONNECT.

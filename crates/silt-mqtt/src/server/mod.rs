@@ -50,8 +50,8 @@ mod outbound;
 mod subscribe;
 
 pub use event::{
-    Close, Credentials, Event, OpenRequest, Refusal, Sent, Settings, Stored, SubscribeFilter, SubscribeRequest,
-    Subscribed, SubscriptionFilter, Token, UnsubscribeFilter, UnsubscribeRequest,
+    Close, Credentials, DelayedWill, Event, OpenRequest, Refusal, Sent, Settings, Stored, SubscribeFilter,
+    SubscribeRequest, Subscribed, SubscriptionFilter, Token, UnsubscribeFilter, UnsubscribeRequest,
 };
 
 use handshake::Handshake;
@@ -266,11 +266,11 @@ impl<T> Connection<T> {
                 self.queue(&Packet::Disconnect(Disconnect::new(code)));
             }
             if reason.publishes_will() {
-                will = self.will.take().map(|w| {
-                    let delay = w.properties.will_delay_interval.unwrap_or(0);
+                will = self.will.take().map(|will| {
+                    let delay = will.properties.will_delay_interval.unwrap_or(0);
                     // The will waits no longer than the session lives.
                     let delay = if self.session_expiry == 0 { 0 } else { delay.min(self.session_expiry) };
-                    (w, Duration::from_secs(u64::from(delay)))
+                    DelayedWill { will, delay: Duration::from_secs(u64::from(delay)) }
                 });
             }
         }
