@@ -1,6 +1,10 @@
 //! PUBLISH and PUBREL from the client: topic aliases resolved, Receive Maximum enforced,
-//! QoS 1/2 messages handed to the broker and acknowledged in arrival order once stored, a
-//! resent QoS 2 message that awaits PUBREL acknowledged again without storing it twice.
+//! QoS 1/2 messages handed to the broker and acknowledged in arrival order once it answers,
+//! QoS 2 messages stored once however often they are resent.
+//!
+//! A QoS 2 resend is recognised by its packet id, either still awaiting PUBREL (stored and
+//! acknowledged: PUBREC again) or still awaiting the broker (it gets the original's answer
+//! when that comes). Neither counts against the Receive Maximum a second time.
 
 use crate::packet::{Packet, PubResponse, Publish};
 use crate::reason::ReasonCode;
@@ -8,13 +12,13 @@ use crate::types::{PacketId, QoS};
 
 use super::{Close, Connection, Event, Phase, Stored, Token, valid_topic_name};
 
-/// An inbound QoS 1/2 PUBLISH handed to the broker under `token`, not yet acknowledged;
-/// `durable` once the broker stored it.
-pub(super) struct PendingStore {
-    token: Token,
-    id: PacketId,
-    qos: QoS,
-    durable: bool,
+/// An inbound QoS 1/2 PUBLISH not yet acknowledged.
+pub(super) enum PendingStore {
+    /// Handed to the broker under `token`; `answer` once it replied. `repeats` counts resends
+    /// of the same QoS 2 message that arrived meanwhile, each owed the same acknowledgement.
+    Store { token: Token, id: PacketId, qos: QoS, answer: Option<Stored>, repeats: u16 },
+    /// A resend of a QoS 2 message already stored and acknowledged: PUBREC again, in turn.
+    Resend(PacketId),
 }
 
 impl<T> Connection<T> {
@@ -30,54 +34,80 @@ impl<T> Connection<T> {
             self.events.push_back(Event::Publish { token: None, publish: p });
             return;
         };
-        if self.stores.len() + self.awaiting_release.len() >= usize::from(self.settings.receive_maximum) {
+        // A resend takes no new place in the client's quota: recognised before the Receive
+        // Maximum is checked (a client may resend every message it has in flight).
+        if p.qos == QoS::ExactlyOnce {
+            if self.awaiting_release.contains(&id.get()) {
+                self.stores.push_back(PendingStore::Resend(id));
+                return self.flush_acks();
+            }
+            let pending = self.stores.iter_mut().find_map(|s| match s {
+                PendingStore::Store { id: i, qos: QoS::ExactlyOnce, repeats, .. } if *i == id => Some(repeats),
+                _ => None,
+            });
+            if let Some(repeats) = pending {
+                *repeats = repeats.saturating_add(1);
+                return;
+            }
+        }
+        if self.stores_counted + self.awaiting_release.len() >= usize::from(self.settings.receive_maximum) {
             return self.close(Close::Error(ReasonCode::ReceiveMaximumExceeded));
         }
-        if p.qos == QoS::ExactlyOnce && self.awaiting_release.contains(&id.get()) {
-            // A resend of a QoS 2 message already stored: acknowledge, never store twice.
-            return self.queue(&Packet::PubRec(PubResponse::new(id)));
-        }
         let token = self.token();
-        self.stores.push_back(PendingStore { token, id, qos: p.qos, durable: false });
+        self.stores.push_back(PendingStore::Store { token, id, qos: p.qos, answer: None, repeats: 0 });
+        self.stores_counted += 1;
         self.events.push_back(Event::Publish { token: Some(token), publish: p });
     }
 
-    /// The broker's answer to the [`Event::Publish`] with `token`. Acknowledgements of stored
-    /// messages leave in the order the PUBLISHes arrived, so this one may wait for earlier
-    /// ones; a refusal is answered at once.
+    /// The broker's answer to the [`Event::Publish`] with `token`. Acknowledgements leave in
+    /// the order the PUBLISHes arrived (MQTT §4.6, refusals included), so this one may wait
+    /// for earlier ones.
     pub fn handle_stored(&mut self, token: Token, stored: Stored) {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
-        let Some(at) = self.stores.iter().position(|s| s.token == token && !s.durable) else { return };
-        let code = match stored {
-            Stored::Durable => {
-                self.stores[at].durable = true;
-                self.flush_acks();
-                return self.finish_closing();
-            }
-            Stored::NotAuthorized => ReasonCode::NotAuthorized,
-            Stored::Failed => ReasonCode::UnspecifiedError,
-        };
-        let PendingStore { id, qos, .. } = self.stores.remove(at).expect("invariant: found above");
+        let answer = self.stores.iter_mut().find_map(|s| match s {
+            PendingStore::Store { token: t, answer, .. } if *t == token => Some(answer),
+            _ => None,
+        });
+        let Some(answer @ None) = answer else { return };
+        *answer = Some(stored);
         if stored == Stored::Failed && !self.version.is_v5() {
             // 3.1.1 has no negative acknowledgement: close, the client resends.
             self.close(Close::Lost);
-        } else {
-            self.queue(&ack(id, qos, code));
         }
         self.flush_acks();
         self.finish_closing();
     }
 
-    /// Sends the acknowledgements now due: stored messages at the front of the arrival order.
+    /// Sends the acknowledgements now due: those at the front of the arrival order whose
+    /// answer came.
     fn flush_acks(&mut self) {
-        while self.stores.front().is_some_and(|s| s.durable) {
-            let PendingStore { id, qos, .. } = self.stores.pop_front().expect("invariant: front exists");
-            if qos == QoS::ExactlyOnce && self.awaiting_release.insert(id.get()) {
-                self.events.push_back(Event::Qos2Received(id));
+        loop {
+            match self.stores.front() {
+                None | Some(PendingStore::Store { answer: None, .. }) => return,
+                Some(_) => {}
             }
-            self.queue(&ack(id, qos, ReasonCode::Success));
+            match self.stores.pop_front().expect("invariant: front exists") {
+                PendingStore::Resend(id) => self.queue(&Packet::PubRec(PubResponse::new(id))),
+                PendingStore::Store { id, qos, answer, repeats, .. } => {
+                    self.stores_counted -= 1;
+                    let answer = answer.expect("invariant: only answered stores leave");
+                    let code = match answer {
+                        Stored::Durable => ReasonCode::Success,
+                        Stored::NotAuthorized => ReasonCode::NotAuthorized,
+                        Stored::Failed if self.version.is_v5() => ReasonCode::UnspecifiedError,
+                        Stored::Failed => continue, // 3.1.1: closing, nothing to say
+                    };
+                    if answer == Stored::Durable && qos == QoS::ExactlyOnce && self.awaiting_release.insert(id.get()) {
+                        self.events.push_back(Event::Qos2Received(id));
+                    }
+                    let ack = ack(id, qos, code);
+                    for _ in 0..=repeats {
+                        self.queue(&ack);
+                    }
+                }
+            }
         }
     }
 

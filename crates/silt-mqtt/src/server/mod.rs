@@ -20,8 +20,9 @@
 //! UNSUBSCRIBE), `event` (the types at the boundary).
 //!
 //! Invariants:
-//! - PUBACKs and PUBRECs of stored messages leave in the order their PUBLISHes arrived,
-//!   whatever order the broker answers in; refusals are answered at once.
+//! - PUBACKs and PUBRECs leave in the order their PUBLISHes arrived, whatever order the broker
+//!   answers in (refusals included); a QoS 2 message is handed to the broker once, however
+//!   often it is resent.
 //! - QoS 1/2 PUBLISHes awaiting an answer plus QoS 2 ids awaiting PUBREL never exceed our
 //!   Receive Maximum: one more closes the connection with 0x93.
 //! - At most the client's Receive Maximum (capped by ours) outbound QoS 1/2 messages are in
@@ -96,6 +97,8 @@ pub struct Connection<T> {
     inbound_aliases: InboundAliases,
     /// Inbound QoS 1/2 PUBLISHes not yet acknowledged, in arrival order.
     stores: VecDeque<PendingStore>,
+    /// Entries of `stores` that count against our Receive Maximum (resends do not).
+    stores_counted: usize,
     /// Inbound QoS 2 ids stored and acknowledged by PUBREC, awaiting PUBREL.
     awaiting_release: BTreeSet<u16>,
     inflight: Outbound<T>,
@@ -126,6 +129,7 @@ impl<T> Connection<T> {
             next_token: 0,
             inbound_aliases: InboundAliases::new(0),
             stores: VecDeque::new(),
+            stores_counted: 0,
             awaiting_release: BTreeSet::new(),
             inflight: Outbound::new(1),
             outbound_aliases: OutboundAliases::new(0),

@@ -290,6 +290,13 @@ impl World {
         self.run();
     }
 
+    /// Fails the `n`th store still pending.
+    pub fn fail_store(&mut self, n: usize) {
+        let (token, _) = self.broker.pending.remove(n);
+        self.server.handle_stored(token, Stored::Failed);
+        self.run();
+    }
+
     /// Virtual time passes.
     pub fn advance(&mut self, d: Duration) {
         self.now += d;

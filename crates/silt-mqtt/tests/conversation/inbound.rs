@@ -196,3 +196,64 @@ fn stores_requested_before_a_close_are_still_acknowledged_before_the_disconnect(
     }
     assert_eq!(w.close_reason(), Some(&Close::TakenOver));
 }
+
+#[test]
+fn refusals_wait_their_turn_behind_earlier_stores() {
+    let mut w = World::connected(Connect::new(V5, "p", 60));
+    w.broker.manual_stores = true;
+    w.broker.deny_prefix = Some("secret");
+    let stored = w.client.publish(publish("open/a", b"x", QoS::AtLeastOnce)).expect("an id");
+    let denied = w.client.publish(publish("secret/a", b"x", QoS::AtLeastOnce)).expect("an id");
+    w.run();
+    assert!(acks(&w).is_empty(), "the refusal may not overtake the store before it (MQTT 4.6)");
+    w.complete_store(0);
+    assert_eq!(acks(&w), [(stored, ReasonCode::Success), (denied, ReasonCode::NotAuthorized)]);
+}
+
+#[test]
+fn resent_qos2_publishes_take_no_new_place_under_the_receive_maximum() {
+    // Receive Maximum 4, and four QoS 2 messages stored whose PUBRECs are lost: after a
+    // reconnect the client resends all four, which is no violation.
+    let mut w = World::connected(persistent(V5, "full"));
+    for _ in 0..4 {
+        w.lose(|p| matches!(p, Packet::PubRec(_)));
+        w.client.publish(publish("t/full", b"x", QoS::ExactlyOnce));
+    }
+    w.run();
+    assert_eq!(w.broker.sessions["full"].awaiting_release.len(), 4);
+    w.reconnect(persistent(V5, "full")).expect("a CONNACK");
+    w.client.resend_unacked();
+    w.run();
+    assert_eq!(w.close_reason(), None);
+    assert_eq!(acks(&w).len(), 4);
+    assert!(w.client.outbound.is_empty(), "all four completed");
+    assert_eq!(w.broker.log.len(), 4, "each stored once");
+}
+
+#[test]
+fn a_qos2_publish_resent_before_its_pubrec_is_stored_once() {
+    // A 3.1.1 client may retry on the same connection while the store is still pending.
+    for version in [V5, V311] {
+        let mut w = World::connected(Connect::new(version, "retry", 60));
+        w.broker.manual_stores = true;
+        let pid = w.client.publish(publish("t/retry", b"x", QoS::ExactlyOnce)).expect("an id");
+        w.run();
+        w.client.resend_unacked();
+        w.run();
+        assert_eq!(w.broker.pending.len(), 1, "{version}: handed to the broker once");
+        w.complete_store(0);
+        assert_eq!(acks(&w), [(pid, ReasonCode::Success), (pid, ReasonCode::Success)], "{version}: one PUBREC each");
+        assert_eq!(w.broker.log.len(), 1);
+        assert!(w.client.outbound.is_empty(), "{version}: completed");
+    }
+    // Should the store fail, the resend hears the same.
+    let mut w = World::connected(Connect::new(V5, "retry", 60));
+    w.broker.manual_stores = true;
+    let pid = w.client.publish(publish("t/retry", b"x", QoS::ExactlyOnce)).expect("an id");
+    w.run();
+    w.client.resend_unacked();
+    w.run();
+    w.fail_store(0);
+    assert_eq!(acks(&w), [(pid, ReasonCode::UnspecifiedError), (pid, ReasonCode::UnspecifiedError)]);
+    assert!(w.broker.sessions["retry"].awaiting_release.is_empty());
+}
