@@ -60,9 +60,9 @@ impl<T> Connection<T> {
                     continue;
                 };
                 if options.no_local {
-                    // MQTT-3.8.3-4: no-local on a shared subscription.
-                    slots.push(SubscribeSlot::Decided(ReasonCode::ProtocolError));
-                    continue;
+                    // MQTT-3.8.3-4: a Protocol Error, which closes the connection (0x82 is no
+                    // SUBACK code). Nothing of the packet is applied.
+                    return self.close(Close::Error(ReasonCode::ProtocolError));
                 }
                 SubscriptionFilter::Shared { key: sub.filter, filter }
             } else {

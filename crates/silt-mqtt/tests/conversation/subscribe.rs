@@ -7,7 +7,7 @@ use silt_mqtt::{
     SubscriptionOptions, Unsubscribe, UnsubscribeProperties,
 };
 
-use crate::harness::{V5, V311, World, id, publish};
+use crate::harness::{V5, V311, World, id, persistent, publish};
 
 fn subscription(filter: &str, qos: QoS, retain_handling: RetainHandling) -> Subscription {
     Subscription {
@@ -143,4 +143,23 @@ fn unsubscribe_reports_which_subscriptions_existed() {
         other => panic!("expected UNSUBACK, got {other:?}"),
     }
     assert!(w.broker.sessions["u"].subscriptions.is_empty());
+}
+
+#[test]
+fn no_local_on_a_shared_subscription_is_disconnect_0x82() {
+    let mut w = World::connected(persistent(V5, "s"));
+    let mut shared = subscription("$share/g/t", QoS::AtLeastOnce, RetainHandling::SendAtSubscribe);
+    shared.options.no_local = true;
+    let plain = subscription("plain", QoS::AtLeastOnce, RetainHandling::SendAtSubscribe);
+    w.client.send(Packet::Subscribe(Subscribe {
+        packet_id: id(1),
+        subscriptions: vec![plain, shared],
+        properties: SubscribeProperties::default(),
+    }));
+    w.run();
+    assert_eq!(w.close_reason(), Some(&Close::Error(ReasonCode::ProtocolError)));
+    assert!(
+        matches!(w.client.received.last(), Some(Packet::Disconnect(d)) if d.reason_code == ReasonCode::ProtocolError)
+    );
+    assert!(w.broker.sessions["s"].subscriptions.is_empty(), "nothing of the packet was applied");
 }
