@@ -79,6 +79,7 @@ impl<T> Connection<T> {
         } else {
             u32::MAX
         };
+        self.connect_expiry_zero = requested == 0;
         if let Some(w) = &c.will
             && !valid_topic_name(&w.topic)
         {

@@ -107,6 +107,9 @@ pub struct Connection<T> {
     client_max_packet: u32,
     /// Seconds, as granted.
     session_expiry: u32,
+    /// The CONNECT asked for a session that ends with the connection (MQTT 5.0 forbids
+    /// extending it on DISCONNECT).
+    connect_expiry_zero: bool,
     will: Option<Box<Will>>,
     subscribes: VecDeque<PendingSubscribe>,
     unsubscribes: VecDeque<PendingUnsubscribe>,
@@ -135,6 +138,7 @@ impl<T> Connection<T> {
             outbound_aliases: OutboundAliases::new(0),
             client_max_packet: u32::MAX,
             session_expiry: 0,
+            connect_expiry_zero: true,
             will: None,
             subscribes: VecDeque::new(),
             unsubscribes: VecDeque::new(),
@@ -305,8 +309,9 @@ impl<T> Connection<T> {
         if self.version.is_v5()
             && let Some(e) = d.properties.session_expiry_interval
         {
-            // MQTT-3.14.2-2: a session that ends with the connection stays so.
-            if self.session_expiry == 0 && e > 0 {
+            // MQTT-3.14.2-2: a session the CONNECT asked to end with the connection stays so
+            // (what the CONNECT asked, not what we granted: a server cap of 0 is no reason).
+            if self.connect_expiry_zero && e > 0 {
                 return self.close(Close::Error(ReasonCode::ProtocolError));
             }
             self.session_expiry = e.min(self.settings.max_session_expiry);

@@ -165,3 +165,17 @@ fn violations_are_disconnect_reasons_in_v5_and_a_plain_close_in_v311() {
     w.run();
     assert_eq!(last_disconnect(&w), Some(ReasonCode::PacketTooLarge));
 }
+
+#[test]
+fn disconnect_may_set_the_expiry_a_connect_asked_for_even_when_the_server_granted_none() {
+    let mut s = settings();
+    s.max_session_expiry = 0;
+    let mut w = World::with_settings(V5, s);
+    let ack = w.connect(persistent(V5, "capped")).expect("a CONNACK");
+    assert_eq!(ack.properties.session_expiry_interval, Some(0), "asked for an hour, granted none");
+    let mut d = Disconnect::new(ReasonCode::NORMAL_DISCONNECTION);
+    d.properties = DisconnectProperties { session_expiry_interval: Some(60), ..DisconnectProperties::default() };
+    w.client.send(Packet::Disconnect(d));
+    w.run();
+    assert_eq!(w.close_reason(), Some(&Close::Client { with_will: false }), "a normal DISCONNECT, not 0x82");
+}
