@@ -37,7 +37,7 @@ pub struct Settings {
 
 /// Names a request the connection awaits an answer to: a store, a SUBSCRIBE, an UNSUBSCRIBE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Token(pub(crate) u64);
+pub struct Token(pub(crate) u32);
 
 /// A request from the connection to the broker, or news the broker must act on.
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 //! the broker's: credentials first (the broker's [`Event::Authenticate`]), then the client
 //! identifier, the will topic, and the broker's policy on the will ([`Event::Open`]).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::ConnectError;
 use crate::flow::{InboundAliases, Outbound, OutboundAliases};
@@ -18,16 +18,17 @@ use super::{Close, Connection, Credentials, Event, OpenRequest, Phase, Refusal, 
 /// A CONNECT between its arrival and the CONNACK.
 pub(super) struct Handshake {
     connect: Connect,
+    nonce: u64,
     /// The identifier the server assigned (an empty one was sent).
     assigned: Option<String>,
     session_expiry: u32,
 }
 
 impl<T> Connection<T> {
-    pub(super) fn on_connect(&mut self, mut connect: Connect) {
+    pub(super) fn on_connect(&mut self, mut connect: Connect, nonce: u64) {
         self.version = connect.protocol_version;
         let credentials = Credentials { username: connect.username.take(), password: connect.password.take() };
-        self.phase = Phase::Authenticating(Box::new(Handshake { connect, assigned: None, session_expiry: 0 }));
+        self.phase = Phase::Authenticating(Box::new(Handshake { connect, nonce, assigned: None, session_expiry: 0 }));
         self.events.push_back(Event::Authenticate(credentials));
     }
 
@@ -68,7 +69,7 @@ impl<T> Connection<T> {
             if !v.is_v5() && !c.clean_start {
                 return self.refuse_with(ReasonCode::ClientIdentifierNotValid);
             }
-            c.client_id = format!("silt-{:016x}", self.nonce);
+            c.client_id = format!("silt-{:016x}", hs.nonce);
             hs.assigned = Some(c.client_id.clone());
         }
         let requested = c.properties.session_expiry_interval.unwrap_or(0);
@@ -126,7 +127,7 @@ impl<T> Connection<T> {
         let Phase::Opening(hs) = std::mem::replace(&mut self.phase, Phase::Open) else {
             unreachable!("invariant: matched above")
         };
-        let Handshake { connect, assigned, session_expiry } = *hs;
+        let Handshake { connect, assigned, session_expiry, .. } = *hs;
         let s = self.settings;
         let v = self.version;
         let server_keep_alive = (s.server_keep_alive > 0 && v.is_v5()).then_some(s.server_keep_alive);
@@ -148,7 +149,7 @@ impl<T> Connection<T> {
         }
         self.queue(&Packet::ConnAck(Box::new(ack)));
         let cp = &connect.properties;
-        self.keep_alive = Duration::from_secs(u64::from(server_keep_alive.unwrap_or(connect.keep_alive)));
+        self.keep_alive = server_keep_alive.unwrap_or(connect.keep_alive);
         self.last_input = now;
         self.inbound_aliases = InboundAliases::new(if v.is_v5() { s.topic_alias_maximum } else { 0 });
         self.inflight = Outbound::new(cp.receive_maximum.map_or(s.max_inflight, |r| r.min(s.max_inflight)));

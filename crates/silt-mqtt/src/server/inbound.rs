@@ -50,7 +50,8 @@ impl<T> Connection<T> {
                 return;
             }
         }
-        if self.stores_counted + self.awaiting_release.len() >= usize::from(self.settings.receive_maximum) {
+        if usize::from(self.stores_counted) + self.awaiting_release.len() >= usize::from(self.settings.receive_maximum)
+        {
             return self.close(Close::Error(ReasonCode::ReceiveMaximumExceeded));
         }
         let token = self.token();

@@ -64,9 +64,10 @@ use subscribe::{PendingSubscribe, PendingUnsubscribe};
 const TRANSMIT_KEEP: usize = 256 * 1024;
 
 enum Phase {
-    /// Waiting for the CONNECT until the deadline.
+    /// Waiting for the CONNECT until the deadline; `nonce` seeds an assigned client id.
     Connecting {
         deadline: Instant,
+        nonce: u64,
     },
     /// CONNECT received; the broker checks the credentials ([`Event::Authenticate`]).
     Authenticating(Box<Handshake>),
@@ -86,19 +87,19 @@ pub struct Connection<T> {
     version: ProtocolVersion,
     /// Whether the CONNACK accepted the connection (a session, a will, DISCONNECT on close).
     opened: bool,
-    /// Seed of an assigned client identifier.
-    nonce: u64,
-    keep_alive: Duration,
+    /// Seconds; 0: off.
+    keep_alive: u16,
     /// When bytes last arrived from the client.
     last_input: Instant,
     transmit: BytesMut,
     events: VecDeque<Event<T>>,
-    next_token: u64,
+    /// Tokens need only be unique among requests awaiting an answer: they wrap.
+    next_token: u32,
     inbound_aliases: InboundAliases,
     /// Inbound QoS 1/2 PUBLISHes not yet acknowledged, in arrival order.
     stores: VecDeque<PendingStore>,
     /// Entries of `stores` that count against our Receive Maximum (resends do not).
-    stores_counted: usize,
+    stores_counted: u16,
     /// Inbound QoS 2 ids stored and acknowledged by PUBREC, awaiting PUBREL.
     awaiting_release: BTreeSet<u16>,
     inflight: Outbound<T>,
@@ -111,8 +112,8 @@ pub struct Connection<T> {
     /// extending it on DISCONNECT).
     connect_expiry_zero: bool,
     will: Option<Box<Will>>,
-    subscribes: VecDeque<PendingSubscribe>,
-    unsubscribes: VecDeque<PendingUnsubscribe>,
+    subscribes: Vec<PendingSubscribe>,
+    unsubscribes: Vec<PendingUnsubscribe>,
 }
 
 impl<T> Connection<T> {
@@ -121,11 +122,10 @@ impl<T> Connection<T> {
     pub fn new(now: Instant, settings: Settings, nonce: u64) -> Self {
         Self {
             settings,
-            phase: Phase::Connecting { deadline: now + settings.connect_timeout },
+            phase: Phase::Connecting { deadline: now + settings.connect_timeout, nonce },
             version: ProtocolVersion::V3_1_1,
             opened: false,
-            nonce,
-            keep_alive: Duration::ZERO,
+            keep_alive: 0,
             last_input: now,
             transmit: BytesMut::new(),
             events: VecDeque::new(),
@@ -140,8 +140,8 @@ impl<T> Connection<T> {
             session_expiry: 0,
             connect_expiry_zero: true,
             will: None,
-            subscribes: VecDeque::new(),
-            unsubscribes: VecDeque::new(),
+            subscribes: Vec::new(),
+            unsubscribes: Vec::new(),
         }
     }
 
@@ -166,10 +166,10 @@ impl<T> Connection<T> {
             self.last_input = now;
         }
         match self.phase {
-            Phase::Connecting { .. } => match decode_connect(buf, self.settings.max_packet_size) {
+            Phase::Connecting { nonce, .. } => match decode_connect(buf, self.settings.max_packet_size) {
                 Ok(None) => false,
                 Ok(Some(connect)) => {
-                    self.on_connect(connect);
+                    self.on_connect(connect, nonce);
                     true
                 }
                 Err(e) => {
@@ -196,7 +196,7 @@ impl<T> Connection<T> {
     pub fn handle_packet(&mut self, now: Instant, packet: Packet) {
         self.last_input = now;
         match (&self.phase, packet) {
-            (Phase::Connecting { .. }, Packet::Connect(c)) => self.on_connect(*c),
+            (&Phase::Connecting { nonce, .. }, Packet::Connect(c)) => self.on_connect(*c, nonce),
             (Phase::Connecting { .. }, p) => {
                 let e = crate::error::ProtocolViolation::FirstPacketNotConnect(p.packet_type());
                 self.close(Close::Malformed(e.into()));
@@ -222,8 +222,8 @@ impl<T> Connection<T> {
     /// When [`Connection::handle_timeout`] is next due, if ever.
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.phase {
-            Phase::Connecting { deadline } => Some(deadline),
-            Phase::Open => keep_alive_deadline(self.last_input, self.keep_alive),
+            Phase::Connecting { deadline, .. } => Some(deadline),
+            Phase::Open => keep_alive_deadline(self.last_input, Duration::from_secs(u64::from(self.keep_alive))),
             _ => None,
         }
     }
@@ -321,7 +321,7 @@ impl<T> Connection<T> {
     }
 
     fn token(&mut self) -> Token {
-        self.next_token += 1;
+        self.next_token = self.next_token.wrapping_add(1);
         Token(self.next_token)
     }
 

@@ -82,7 +82,7 @@ impl<T> Connection<T> {
             filters.push(SubscribeFilter { filter, options });
         }
         let token = self.token();
-        self.subscribes.push_back(PendingSubscribe { token, packet_id: s.packet_id, subscription_id: sub_id, slots });
+        self.subscribes.push(PendingSubscribe { token, packet_id: s.packet_id, subscription_id: sub_id, slots });
         self.events.push_back(Event::Subscribe(SubscribeRequest { token, subscription_id: sub_id, filters }));
     }
 
@@ -90,7 +90,7 @@ impl<T> Connection<T> {
     /// request, in order. Queues the SUBACK, then asks for the retained messages owed.
     pub fn handle_subscribed(&mut self, token: Token, outcomes: impl IntoIterator<Item = Subscribed>) {
         let Some(at) = self.subscribes.iter().position(|p| p.token == token) else { return };
-        let pending = self.subscribes.remove(at).expect("invariant: found above");
+        let pending = self.subscribes.swap_remove(at);
         let v5 = self.version.is_v5();
         let mut outcomes = outcomes.into_iter();
         let mut codes = Vec::with_capacity(pending.slots.len());
@@ -144,7 +144,7 @@ impl<T> Connection<T> {
             }
         }
         let token = self.token();
-        self.unsubscribes.push_back(PendingUnsubscribe { token, packet_id: u.packet_id, slots });
+        self.unsubscribes.push(PendingUnsubscribe { token, packet_id: u.packet_id, slots });
         self.events.push_back(Event::Unsubscribe(UnsubscribeRequest { token, filters }));
     }
 
@@ -152,7 +152,7 @@ impl<T> Connection<T> {
     /// the request was subscribed, in order. Queues the UNSUBACK.
     pub fn handle_unsubscribed(&mut self, token: Token, existed: impl IntoIterator<Item = bool>) {
         let Some(at) = self.unsubscribes.iter().position(|p| p.token == token) else { return };
-        let pending = self.unsubscribes.remove(at).expect("invariant: found above");
+        let pending = self.unsubscribes.swap_remove(at);
         let mut existed = existed.into_iter();
         let codes = pending
             .slots
