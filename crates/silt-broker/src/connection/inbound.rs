@@ -3,10 +3,10 @@
 //! shared, after the read ACL) and unsubscriptions, retained messages owed, the session
 //! expiry set on DISCONNECT.
 
-use silt_mqtt::Publish;
 use silt_mqtt::server::{
     Stored, SubscribeRequest, Subscribed, SubscriptionFilter, UnsubscribeFilter, UnsubscribeRequest,
 };
+use silt_mqtt::{Publish, QoS};
 
 use super::*;
 use crate::session::{SharedMembership, SubscriptionState};
@@ -53,6 +53,14 @@ where
 
     /// Hands a publish to the log (QoS 1/2: its durability is awaited in `stores`).
     async fn store(&mut self, token: Option<Token>, p: Publish) {
+        if let (Some(token), Some(id), QoS::ExactlyOnce) = (token, p.packet_id, p.qos)
+            && self.session.lock().await.inbound_qos2.contains(&id.get())
+        {
+            // Already stored by the connection this one took over, which acknowledged it after
+            // the core was given the session's ids: durable already, never stored twice.
+            self.core.handle_stored(token, Stored::Durable);
+            return;
+        }
         let denied = p.topic.starts_with("$SYS") // the broker's statistics are its own
             || !self.broker.auth.allows_topic(self.username.as_deref(), &self.client_id, Access::Write, &p.topic);
         if denied {
