@@ -5,7 +5,8 @@
 //! - [`session`]: subscriptions with cursors over consume queues; log-order merge; snapshots.
 //! - [`retained`]: retained messages, a topic trie walked by filter, persisted in the log.
 //! - [`broker`]: the session registry, the dispatch-driven router, publish path, expiry.
-//! - `connection`: one MQTT connection (3.1, 3.1.1, 5.0) driving a session.
+//! - `connection`: one MQTT connection (3.1, 3.1.1, 5.0): the tokio driver of the sans-I/O
+//!   `silt_mqtt::server::Connection`, executing its requests against the broker and a session.
 //! - [`server`]: accept loops and housekeeping tasks.
 //! - [`listeners`]: the transports: TCP, TLS, WebSocket, WebSocket over TLS.
 //! - `sys`: `$SYS/broker/...` statistics.

@@ -155,11 +155,12 @@ impl<T> Connection<T> {
         matches!(self.phase, Phase::Open)
     }
 
-    /// Handles the next whole packet in `buf`, bytes read from the client at `now`, and
-    /// consumes it. Returns `false` when `buf` holds no whole packet, or the connection reads
-    /// no more for now (it awaits the broker during the handshake, or is closing). Execute the
-    /// events of one packet before feeding the next: a store requested counts against the
-    /// client's Receive Maximum until answered.
+    /// Handles the next whole packet in `buf`, the bytes read from the client, and consumes
+    /// it. Call it after each read at `now` (any bytes, even part of a packet, count as
+    /// activity for keep alive), and again while it returns `true`; `false` means `buf` holds
+    /// no whole packet, or the connection reads no more for now (it awaits the broker during
+    /// the handshake, or is closing). Execute the events of one packet before feeding the
+    /// next: a store requested counts against the client's Receive Maximum until answered.
     pub fn handle_input(&mut self, now: Instant, buf: &mut BytesMut) -> bool {
         if !buf.is_empty() {
             // Any bytes count as activity, even a packet still incomplete.
@@ -228,7 +229,7 @@ impl<T> Connection<T> {
         }
     }
 
-    /// Bytes to write to the client, in order.
+    /// Everything queued for the client since the last call, as one buffer to write.
     pub fn poll_transmit(&mut self) -> Option<Bytes> {
         if self.transmit.is_empty() {
             return None;
