@@ -275,7 +275,11 @@ where
                     self.core.handle_timeout(Instant::now().into_std());
                     self.run_events().await;
                 }
-                _ = commit.tick() => Box::pin(self.commit_cursors()).await,
+                _ = commit.tick() => {
+                    // Also the moment to give back the core's queues if it is idle.
+                    self.core.shrink_idle();
+                    Box::pin(self.commit_cursors()).await
+                }
                 // Last, so that under continuous delivery the branches above still get their turn.
                 _ = std::future::ready(()), if more => {}
             }

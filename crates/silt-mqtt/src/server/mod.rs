@@ -245,6 +245,18 @@ impl<T> Connection<T> {
         self.events.pop_front()
     }
 
+    /// Gives back the queues' memory kept from past traffic, where nothing is queued. Call it
+    /// now and then, not per packet: an idle connection should cost little, and a busy one
+    /// would only allocate again.
+    pub fn shrink_idle(&mut self) {
+        if self.events.is_empty() {
+            self.events = VecDeque::new();
+        }
+        if self.stores.is_empty() {
+            self.stores = VecDeque::new();
+        }
+    }
+
     /// Ends the connection for a reason found outside it (the transport closed, the session
     /// was taken over, the server shuts down, a server-side failure). The first reason wins.
     /// Stores already requested are still answered and acknowledged before
@@ -343,6 +355,26 @@ fn valid_topic_name(topic: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idle_connection_gives_its_queues_back() {
+        let settings = Settings {
+            max_packet_size: 1024,
+            receive_maximum: 4,
+            max_inflight: 4,
+            topic_alias_maximum: 0,
+            server_keep_alive: 0,
+            max_session_expiry: 0,
+            connect_timeout: Duration::from_secs(1),
+        };
+        let mut c: Connection<()> = Connection::new(Instant::now(), settings, 0);
+        c.events.push_back(Event::SessionExpiry(1));
+        c.shrink_idle();
+        assert!(c.events.capacity() > 0, "a queued event stays");
+        c.poll_event();
+        c.shrink_idle();
+        assert_eq!(c.events.capacity(), 0);
+    }
 
     #[test]
     fn topic_names_follow_the_shared_rules() {
