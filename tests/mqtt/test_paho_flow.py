@@ -70,16 +70,12 @@ def test_unacknowledged_qos1_messages_are_redelivered_with_dup(silt, proto):
     assert all(m.qos == 1 for m in again)
 
 
-@pytest.mark.xfail(strict=True, reason="broker bug: unacknowledged QoS 1 messages are resent under new packet "
-                   "ids after a reconnect (MQTT-4.4.0-1 requires the original ones)")
 @BOTH_VERSIONS
 def test_unacknowledged_qos1_messages_are_redelivered_with_their_packet_ids(silt, proto):
     first, again = unacked_qos1_then_reconnect(silt, proto, "redo-ids")
     assert [(m.payload, m.mid) for m in again] == [(m.payload, m.mid) for m in first[1:]]
 
 
-@pytest.mark.xfail(strict=True, reason="broker bug: after PUBREC/PUBREL the broker resends the QoS 2 PUBLISH on "
-                   "reconnect instead of the PUBREL (MQTT-4.3.3-6 / MQTT-4.4.0-1), so the message is delivered twice")
 @BOTH_VERSIONS
 def test_released_qos2_message_is_not_delivered_again_after_reconnect(silt, proto):
     c = persistent(silt, "q2-released", proto)

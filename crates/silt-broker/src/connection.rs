@@ -185,7 +185,7 @@ where
                         }
                         tracing::debug!(client_id = %conn.client_id, %peer, version = %conn.core.version(),
                             present = connected.session_present, "client connected");
-                        conn.restore_qos2().await;
+                        conn.restore_inflight().await;
                         return Some(conn);
                     }
                     Event::Closed { reason, .. } => {
@@ -225,13 +225,18 @@ where
                 break;
             }
             if !self.qos2_unpersisted.is_empty() {
-                {
+                let qos2 = {
                     let mut s = self.session.lock().await;
+                    let mut qos2 = false;
                     for o in self.qos2_unpersisted.drain(..) {
+                        qos2 |= o.qos == 2;
                         s.outbound_qos2.insert(o.packet_id, o);
                     }
-                }
-                if let Err(e) = self.broker.persist(&self.session).await {
+                    // QoS 1 ids ride with the next cursor commit; QoS 2 ones go now.
+                    s.dirty = true;
+                    qos2
+                };
+                if qos2 && let Err(e) = self.broker.persist(&self.session).await {
                     // Without the record, a restart could resend these as new messages.
                     tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 state not persisted");
                     self.core.close(Close::Error(silt_mqtt::ReasonCode::UnspecifiedError));

@@ -91,11 +91,20 @@ pub fn parse_shared(s: &str) -> Option<(&str, TopicFilter)> {
     Some((group, TopicFilter::new(filter).ok()?))
 }
 
-/// An outbound QoS 2 delivery, persisted before its PUBLISH is sent so that after a restart
-/// (kill -9 included) it is resent with the same packet id, never as a new message.
+/// An outbound QoS 1/2 delivery in flight, kept with the session so that a reconnect resends
+/// it under the same packet id (MQTT-4.4.0-1), and a QoS 2 one whose PUBREL went out as a
+/// PUBREL. QoS 2 entries are persisted before their PUBLISH (and again when released), so a
+/// restart (kill -9 included) never resends one as a new message; QoS 1 entries are persisted
+/// with the cursors (a crash may resend one under a new id, never lose it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboundQos2 {
     pub packet_id: u16,
+    /// 1 or 2 (entries written before QoS 1 was tracked are QoS 2).
+    #[serde(default = "qos_two")]
+    pub qos: u8,
+    /// PUBREC received and PUBREL sent (QoS 2).
+    #[serde(default)]
+    pub released: bool,
     /// The record (log position, size, timestamp).
     pub position: u64,
     pub size: u32,
@@ -105,6 +114,10 @@ pub struct OutboundQos2 {
     /// Subscription identifiers it was sent with.
     #[serde(default)]
     pub subscription_ids: Vec<u32>,
+}
+
+fn qos_two() -> u8 {
+    2
 }
 
 impl OutboundQos2 {

@@ -72,6 +72,12 @@ impl<T> Outbound<T> {
         self.inflight.insert(id.get(), Slot { qos, released: false, data });
     }
 
+    /// Records a QoS 2 message whose PUBREL was already sent (a restored session): it
+    /// completes on PUBCOMP; its PUBLISH is never sent again.
+    pub fn restore_released(&mut self, id: PacketId, data: T) {
+        self.inflight.insert(id.get(), Slot { qos: QoS::ExactlyOnce, released: true, data });
+    }
+
     fn allocate(&mut self) -> PacketId {
         loop {
             let id = self.next_id;

@@ -37,6 +37,7 @@ where
                     }
                 }
                 Event::Delivered { id, qos, data } => self.completed(id, qos, data).await,
+                Event::OutboundReleased(id) => Box::pin(self.released(id)).await,
                 Event::SessionExpiry(secs) => self.session.lock().await.expiry_secs = secs,
                 Event::Undelivered(f) => {
                     // Shared-group messages this member never acknowledged go to another member;

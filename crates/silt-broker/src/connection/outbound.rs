@@ -14,9 +14,10 @@ where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
-    /// Resends the QoS 2 deliveries a previous connection (or broker) left incomplete, with
-    /// their original packet ids, and holds their offsets so they are not sent again as new.
-    pub(super) async fn restore_qos2(&mut self) {
+    /// Resends the QoS 1/2 deliveries a previous connection (or broker) left incomplete, under
+    /// their original packet ids (a released QoS 2 one as PUBREL), and holds their offsets so
+    /// they are not sent again as new.
+    pub(super) async fn restore_inflight(&mut self) {
         let restored: Vec<OutboundQos2> = {
             let mut s = self.session.lock().await;
             let list: Vec<OutboundQos2> = s.outbound_qos2.values().cloned().collect();
@@ -26,18 +27,40 @@ where
             list
         };
         for o in restored {
+            let Some(id) = PacketId::new(o.packet_id) else { continue };
+            let data = Inflight { settles: o.settles(), group: None };
+            if o.qos == 2 && o.released {
+                self.core.resend_release(id, data);
+                continue;
+            }
             let Ok(record) = self.broker.storage.read_record(&o.entry()) else {
-                tracing::warn!(client_id = %self.client_id, packet_id = o.packet_id, "in-flight QoS 2 message unreadable");
+                tracing::warn!(client_id = %self.client_id, packet_id = o.packet_id, "in-flight message unreadable");
+                self.session.lock().await.outbound_qos2.remove(&o.packet_id);
+                self.settle_now(o.settles());
                 continue;
             };
-            let Some(id) = PacketId::new(o.packet_id) else { continue };
             let m = Message::from_record(record);
             let mut p = Publish::new(m.topic.clone(), m.payload.clone());
-            p.qos = QoS::ExactlyOnce;
+            p.qos = if o.qos == 1 { QoS::AtLeastOnce } else { QoS::ExactlyOnce };
             if self.core.version().is_v5() {
                 p.properties = publish_properties(&m, o.subscription_ids.clone(), Timestamp::now());
             }
-            self.core.resend(id, p, Inflight { settles: o.settles(), group: None });
+            self.core.resend(id, p, data);
+        }
+    }
+
+    /// Records that the PUBREL of outbound QoS 2 message `id` is going out, so a reconnect or
+    /// a restart resends the PUBREL and never the PUBLISH (MQTT 4.3.3).
+    pub(super) async fn released(&mut self, id: PacketId) {
+        let changed = match self.session.lock().await.outbound_qos2.get_mut(&id.get()) {
+            Some(o) if !o.released => {
+                o.released = true;
+                true
+            }
+            _ => false, // a shared-group delivery, or recorded already
+        };
+        if changed && let Err(e) = self.broker.persist(&self.session).await {
+            tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 release not persisted");
         }
     }
 
@@ -53,8 +76,7 @@ where
         }
         {
             let mut s = self.session.lock().await;
-            if qos == QoS::ExactlyOnce {
-                s.outbound_qos2.remove(&id.get());
+            if s.outbound_qos2.remove(&id.get()).is_some() {
                 s.dirty = true;
             }
             if !f.settles.is_empty() {
@@ -207,8 +229,9 @@ where
             self.settle_now(settles);
             return;
         }
-        // What a QoS 2 delivery's record needs, taken before the message is handed over.
-        let qos2 = (qos == QoS::ExactlyOnce).then_some(entry).flatten().map(|entry| {
+        // What the session's record of a QoS 1/2 delivery needs, taken before the message is
+        // handed over.
+        let tracked = (qos != QoS::AtMostOnce).then_some(entry).flatten().map(|entry| {
             (entry, settles.iter().map(|(f, o)| (f.clone(), o.get())).collect(), subscription_ids.clone())
         });
         let mut p = Publish::new(m.topic.clone(), m.payload.clone());
@@ -220,9 +243,11 @@ where
         }
         match self.core.send(p, Inflight { settles, group: None }) {
             Sent::Queued(id) => {
-                if let (Some(id), Some((entry, settles, subscription_ids))) = (id, qos2) {
+                if let (Some(id), Some((entry, settles, subscription_ids))) = (id, tracked) {
                     self.qos2_unpersisted.push(OutboundQos2 {
                         packet_id: id.get(),
+                        qos: qos.as_u8(),
+                        released: false,
                         position: entry.position.get(),
                         size: entry.size,
                         timestamp: entry.timestamp.get(),

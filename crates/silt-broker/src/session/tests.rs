@@ -128,6 +128,8 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
         disconnected_at: Some(1),
         outbound_qos2: vec![OutboundQos2 {
             packet_id: 9,
+            qos: 2,
+            released: true,
             position: 100,
             size: 50,
             timestamp: 7,

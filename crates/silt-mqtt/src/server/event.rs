@@ -66,6 +66,10 @@ pub enum Event<T> {
     /// Send the retained messages matching `filter` (a subscription was just made), at most
     /// at `qos`, tagged with the subscription identifier.
     Retained { filter: TopicFilter, qos: QoS, subscription_id: Option<u32> },
+    /// The client received outbound QoS 2 message `id` (PUBREC) and PUBREL is queued: from now
+    /// on a reconnect resends the PUBREL, never the PUBLISH (MQTT 4.3.3). Record it with the
+    /// session before the PUBREL goes out.
+    OutboundReleased(PacketId),
     /// An outbound message is complete (PUBACK, PUBCOMP, or a refusing PUBREC): settle it.
     Delivered { id: PacketId, qos: QoS, data: T },
     /// The client set a new session expiry interval (seconds, already capped) on DISCONNECT.

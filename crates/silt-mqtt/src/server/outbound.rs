@@ -35,7 +35,8 @@ impl<T> Connection<T> {
     }
 
     /// Sends again, with DUP, a message a previous connection of the session left in flight
-    /// under `id` (a QoS 2 message must keep its id: the client may have it already).
+    /// under `id`: unacknowledged QoS 1/2 PUBLISHes are resent under their original ids
+    /// (MQTT-4.4.0-1; the client may have a QoS 2 message already).
     pub fn resend(&mut self, id: PacketId, mut publish: Publish, data: T) {
         if !matches!(self.phase, Phase::Open) || publish.qos == QoS::AtMostOnce {
             return;
@@ -44,6 +45,16 @@ impl<T> Connection<T> {
         publish.packet_id = Some(id);
         self.inflight.restore(id, publish.qos, data);
         self.queue(&Packet::Publish(publish));
+    }
+
+    /// Sends PUBREL again for a QoS 2 message a previous connection of the session had
+    /// released (PUBREC seen): the client completes it with PUBCOMP.
+    pub fn resend_release(&mut self, id: PacketId, data: T) {
+        if !matches!(self.phase, Phase::Open) {
+            return;
+        }
+        self.inflight.restore_released(id, data);
+        self.queue(&Packet::PubRel(PubResponse::new(id)));
     }
 
     /// The PUBLISH, with its topic alias applied, if it fits the client's Maximum Packet Size
@@ -76,7 +87,10 @@ impl<T> Connection<T> {
 
     pub(super) fn on_pubrec(&mut self, r: PubResponse) {
         match self.inflight.on_pubrec(r.packet_id, r.reason_code) {
-            PubRecOutcome::Release => self.queue(&Packet::PubRel(PubResponse::new(r.packet_id))),
+            PubRecOutcome::Release => {
+                self.events.push_back(Event::OutboundReleased(r.packet_id));
+                self.queue(&Packet::PubRel(PubResponse::new(r.packet_id)));
+            }
             PubRecOutcome::Refused(data) => {
                 self.events.push_back(Event::Delivered { id: r.packet_id, qos: QoS::ExactlyOnce, data })
             }

@@ -163,6 +163,8 @@ pub struct Session {
     pub shared: BTreeSet<String>,
     /// Delivered QoS 1/2 messages not yet completed, by handle, with their packet id.
     pub inflight: BTreeMap<u64, (Publish, PacketId)>,
+    /// Packet ids of QoS 2 deliveries whose PUBREL went out.
+    pub released: BTreeSet<u16>,
     pub expiry: u32,
 }
 
@@ -390,17 +392,17 @@ impl World {
                     self.server.accept(self.now, present, awaiting);
                     // What arrived behind the CONNECT is read now, as the driver does.
                     self.client.fresh = true;
-                    // Redeliver what the previous connection left in flight: QoS 2 under its
-                    // id (the client may have it), QoS 1 as a new delivery, both with DUP.
+                    // Redeliver what the previous connection left in flight under the same ids
+                    // (MQTT-4.4.0-1): a released QoS 2 message as PUBREL, the rest as PUBLISH
+                    // with DUP.
                     let inflight = std::mem::take(&mut self.broker.session().inflight);
-                    for (h, (mut p, pid)) in inflight {
-                        if p.qos == QoS::ExactlyOnce {
-                            self.server.resend(pid, p.clone(), h);
-                            self.broker.session().inflight.insert(h, (p, pid));
+                    for (h, (p, pid)) in inflight {
+                        if self.broker.session().released.contains(&pid.get()) {
+                            self.server.resend_release(pid, h);
                         } else {
-                            p.dup = true;
-                            self.broker.backlog.push_front((h, p));
+                            self.server.resend(pid, p.clone(), h);
                         }
+                        self.broker.session().inflight.insert(h, (p, pid));
                     }
                 }
                 Event::Publish { token, publish } => {
@@ -478,9 +480,13 @@ impl World {
                         b.backlog.push_front((b.next_handle, m));
                     }
                 }
-                Event::Delivered { data, .. } => {
+                Event::Delivered { id, data, .. } => {
                     b.session().inflight.remove(&data);
+                    b.session().released.remove(&id.get());
                     b.settled.push(data);
+                }
+                Event::OutboundReleased(id) => {
+                    b.session().released.insert(id.get());
                 }
                 Event::SessionExpiry(secs) => b.session().expiry = secs,
                 Event::Undelivered(h) => b.undelivered.push(h),

@@ -2,7 +2,7 @@
 //! Packet Size, the QoS 2 handshake.
 
 use silt_mqtt::server::Sent;
-use silt_mqtt::{Connect, ConnectProperties, Packet, PubResponse, Publish, QoS, ReasonCode};
+use silt_mqtt::{Connect, ConnectProperties, Packet, PacketId, PubResponse, Publish, QoS, ReasonCode};
 
 use crate::harness::{V5, V311, World, id, persistent, publish};
 
@@ -70,9 +70,15 @@ fn lost_publishes_are_resent_with_dup_after_a_reconnect() {
     let ack = w.reconnect(persistent(V5, "sub")).expect("a CONNACK");
     assert!(ack.session_present);
     assert_eq!(w.broker.undelivered, [h1, h2], "the first connection handed them back");
-    let got: Vec<(&str, QoS, bool)> = w.client.messages.iter().map(|m| (m.topic.as_str(), m.qos, m.dup)).collect();
-    assert_eq!(got, [("t/2", QoS::ExactlyOnce, true), ("t/1", QoS::AtLeastOnce, true)]);
-    assert_eq!(w.client.messages[0].packet_id, Some(q2_id), "QoS 2 keeps its packet id");
+    let Packet::Publish(lost_q1) = &w.lost[0] else { panic!("a PUBLISH was lost") };
+    let q1_id = lost_q1.packet_id.expect("QoS 1");
+    let got: Vec<(&str, QoS, bool, Option<PacketId>)> =
+        w.client.messages.iter().map(|m| (m.topic.as_str(), m.qos, m.dup, m.packet_id)).collect();
+    assert_eq!(
+        got,
+        [("t/1", QoS::AtLeastOnce, true, Some(q1_id)), ("t/2", QoS::ExactlyOnce, true, Some(q2_id))],
+        "both keep their packet ids (MQTT-4.4.0-1)"
+    );
     assert_eq!(w.broker.settled, [h1, h2], "both completed this time (QoS 2 a round trip later)");
 }
 
@@ -151,4 +157,21 @@ fn v311_clients_get_no_aliases_and_no_properties() {
         assert_eq!(p.topic, "t/old");
         assert_eq!(p.properties, Default::default());
     }
+}
+
+#[test]
+fn a_released_qos2_message_is_resent_as_pubrel_never_as_publish() {
+    let mut w = World::connected(persistent(V5, "rel"));
+    w.client.auto_ack = false;
+    let h = w.deliver(publish("t/q2", b"once", QoS::ExactlyOnce));
+    let pid = w.client.messages[0].packet_id.expect("QoS 2");
+    w.client.send(Packet::PubRec(PubResponse::new(pid)));
+    w.run();
+    assert!(matches!(w.client.received.last(), Some(Packet::PubRel(r)) if r.packet_id == pid));
+    // The link drops before the client's PUBCOMP.
+    w.reconnect(persistent(V5, "rel")).expect("a CONNACK");
+    assert!(w.client.messages.is_empty(), "the PUBLISH is not sent again (the new connection's client saw none)");
+    assert!(w.client.received.iter().any(|p| matches!(p, Packet::PubRel(r) if r.packet_id == pid)), "PUBREL again");
+    // The new connection's client answers that PUBREL with PUBCOMP: complete, once.
+    assert_eq!(w.broker.settled, [h], "completed by PUBCOMP under the same id");
 }
