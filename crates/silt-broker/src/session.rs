@@ -16,7 +16,7 @@
 //! (key: client id; an empty value deletes), so they live in the commitlog with everything
 //! else and survive deletion of the index. The last snapshot per client id wins at start-up.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -194,12 +194,23 @@ pub struct Subscription {
     buf: VecDeque<(Offset, IndexEntry)>,
     /// Sent, not yet acknowledged (with the entry, to put it back if released).
     pending: BTreeMap<Offset, IndexEntry>,
+    /// Acknowledged before the pull reached them (restored in-flight deliveries completed
+    /// early): skipped when the pull gets there, never sent again.
+    done: BTreeSet<Offset>,
 }
 
 impl Subscription {
     pub fn new(state: SubscriptionState, queue: QueueName) -> Self {
         let read = Offset(state.cursor);
-        Self { state, queue, queue_id: None, read, buf: VecDeque::new(), pending: BTreeMap::new() }
+        Self {
+            state,
+            queue,
+            queue_id: None,
+            read,
+            buf: VecDeque::new(),
+            pending: BTreeMap::new(),
+            done: BTreeSet::new(),
+        }
     }
 
     fn recompute_cursor(&mut self) {
@@ -302,6 +313,10 @@ impl Subscriptions {
                 if s.pending.contains_key(o) {
                     continue; // held by a restored in-flight delivery
                 }
+                if s.done.remove(o) {
+                    s.recompute_cursor(); // a restored delivery completed before the pull got here
+                    continue;
+                }
                 let own = s.state.no_local && message.publisher.as_deref() == Some(client_id);
                 if expired || own {
                     s.recompute_cursor();
@@ -346,6 +361,10 @@ impl Subscriptions {
         for (filter, off) in settles {
             if let Some(s) = self.subs.get_mut(filter) {
                 s.pending.remove(off);
+                // A restored delivery can complete before the pull has passed its offset.
+                if *off >= s.read || s.buf.iter().any(|(o, _)| o == off) {
+                    s.done.insert(*off);
+                }
                 s.recompute_cursor();
             }
         }
@@ -380,6 +399,7 @@ impl Subscriptions {
     pub fn rewind(&mut self) {
         for s in self.subs.values_mut() {
             s.pending.clear();
+            s.done.clear();
             s.buf.clear();
             s.read = Offset(s.state.cursor);
         }

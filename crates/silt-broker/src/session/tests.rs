@@ -174,3 +174,28 @@ fn released_deliveries_go_out_again_in_order() {
     let again = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&again), ["m0", "m1", "m2"]);
 }
+
+#[test]
+fn a_restored_delivery_completed_before_the_pull_reaches_it_is_not_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let mut subs = Subscriptions::default();
+    sub(&s, &mut subs, "r/t", 1);
+    for i in 0..4 {
+        publish(&s, &msg("r/t", &format!("m{i}"), 1));
+    }
+    // A reconnect restores offsets 0 and 1 as in flight (resent under their ids)...
+    let id = s.queue_id(&QueueName::Topic("r/t".into())).unwrap().unwrap();
+    let entries = s.read_index(id, Offset(0), 2).unwrap();
+    subs.rewind();
+    for (o, e) in &entries {
+        subs.hold(&[("r/t".into(), *o)], *e);
+    }
+    // ...and the client acknowledges them before the window lets the pull run.
+    for (o, _) in &entries {
+        subs.settle(&[("r/t".into(), *o)]);
+    }
+    let out = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    assert_eq!(payloads(&out), ["m2", "m3"]);
+    assert_eq!(subs.subs["r/t"].state.cursor, 2, "the cursor moved past the completed ones");
+}
