@@ -122,6 +122,16 @@ class Client:
         self.c.socket().close()
 
 
+def drain(client, wait=1.0):
+    """Every message `client` receives until none arrives for `wait` seconds."""
+    out = []
+    while True:
+        try:
+            out.append(client.get(timeout=wait))
+        except queue.Empty:
+            return out
+
+
 @pytest.fixture
 def mosquitto():
     """Starts mosquitto_pub/mosquitto_sub (see mosquitto_cli.py); kills what still runs at teardown."""

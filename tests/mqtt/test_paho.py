@@ -8,7 +8,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from conftest import Client
+from conftest import Client, drain
 
 
 BOTH_VERSIONS = pytest.mark.parametrize("proto", [mqtt.MQTTv311, mqtt.MQTTv5], ids=["3.1.1", "5.0"])
@@ -157,15 +157,6 @@ def test_v311_persistent_session_resumes_with_session_present(silt):
     assert [c.get().payload for _ in range(10)] == [str(i).encode() for i in range(10)]
     c.close()
     pub.close()
-
-
-def drain(client, wait=1.0):
-    out = []
-    while True:
-        try:
-            out.append(client.get(timeout=wait))
-        except Exception:
-            return out
 
 
 @BOTH_VERSIONS

@@ -8,7 +8,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from conftest import Client
+from conftest import Client, drain
 
 BOTH_VERSIONS = pytest.mark.parametrize("proto", [mqtt.MQTTv311, mqtt.MQTTv5], ids=["3.1.1", "5.0"])
 
@@ -24,15 +24,6 @@ def persistent(silt, client_id, proto, **kw):
     """A client whose session outlives its connection (clean session 0 / session expiry 300 s)."""
     p = props(PacketTypes.CONNECT, SessionExpiryInterval=300, **kw) if proto == mqtt.MQTTv5 else None
     return Client(silt, client_id, protocol=proto, clean=False, properties=p)
-
-
-def drain(client, wait=1.0):
-    out = []
-    while True:
-        try:
-            out.append(client.get(timeout=wait))
-        except Exception:
-            return out
 
 
 # ---- redelivery ------------------------------------------------------------------------------

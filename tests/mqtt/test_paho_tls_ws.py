@@ -9,7 +9,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from conftest import Client, auth_config, tls_listener_args
+from conftest import Client, auth_config, tls_listener_args, drain
 
 BOTH_VERSIONS = pytest.mark.parametrize("proto", [mqtt.MQTTv311, mqtt.MQTTv5], ids=["3.1.1", "5.0"])
 TRANSPORTS = pytest.mark.parametrize("transport", ["tls", "ws", "wss"])
@@ -24,15 +24,6 @@ def secure(start_silt, tls_cert):
 def on(secure, tls_cert, transport, client_id, proto, **kw):
     """A paho client on the listener of `transport`."""
     return Client(secure, client_id, protocol=proto, transport=transport, ca_file=tls_cert[0], **kw)
-
-
-def drain(client, wait=1.0):
-    out = []
-    while True:
-        try:
-            out.append(client.get(timeout=wait))
-        except Exception:
-            return out
 
 
 @TRANSPORTS

@@ -30,7 +30,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::auth::{Access, AuthError};
-use crate::broker::{Broker, ConnId, GroupRef, SessionRef};
+use crate::broker::{AckFuture, Broker, ConnId, GroupRef, SessionRef};
 use crate::config::MqttConfig;
 use crate::message::Message;
 use crate::session::OutboundQos2;
@@ -42,8 +42,6 @@ mod outbound;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages pulled per wake-up before the loop services the socket again.
 const PULL_BATCH: usize = 256;
-
-type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = silt_storage::Result<Appended>> + Send>>;
 
 /// An outbound QoS 1/2 message waiting for the client: what its completion settles.
 struct Inflight {

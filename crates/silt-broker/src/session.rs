@@ -362,7 +362,11 @@ impl Subscriptions {
             if let Some(s) = self.subs.get_mut(filter) {
                 s.pending.remove(off);
                 // A restored delivery can complete before the pull has passed its offset.
-                if *off >= s.read || s.buf.iter().any(|(o, _)| o == off) {
+                // (An offset the pull passed lies below the buffer; the buffer is in order.)
+                let unpulled = *off >= s.read
+                    || (s.buf.front().is_some_and(|(o, _)| o <= off)
+                        && s.buf.binary_search_by_key(off, |(o, _)| *o).is_ok());
+                if unpulled {
                     s.done.insert(*off);
                 }
                 s.recompute_cursor();
