@@ -213,11 +213,14 @@ fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
     wait_until("retention", || manifest(store.path()).objects.len() == 1);
     let m = manifest(store.path());
     assert!(m.start > 0 && m.objects[0].base == m.start);
-    let on_disk: Vec<String> = std::fs::read_dir(store.path().join("segments"))
-        .unwrap()
-        .map(|e| format!("segments/{}", e.unwrap().file_name().to_string_lossy()))
-        .collect();
-    assert_eq!(on_disk, vec![m.objects[0].key.clone()], "expired objects are deleted from the store");
+    // The manifest is committed before the objects it dropped are deleted: wait for the deletes.
+    let on_disk = || -> Vec<String> {
+        std::fs::read_dir(store.path().join("segments"))
+            .unwrap()
+            .map(|e| format!("segments/{}", e.unwrap().file_name().to_string_lossy()))
+            .collect()
+    };
+    wait_until("expired objects deleted from the store", || on_disk() == vec![m.objects[0].key.clone()]);
     // Readers skip what retention deleted.
     let got = node.topic("old/a");
     assert_eq!(got, vec![(200, Bytes::from_static(b"fresh"))]);
