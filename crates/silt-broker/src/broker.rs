@@ -67,6 +67,17 @@ impl Router {
         self.inner.lock().expect("invariant: lock not poisoned").release(conn, filter);
     }
 
+    /// Wakes the connections subscribed through `filter` (a shared group's messages were given
+    /// back: its online members pull them).
+    fn wake(&self, filter: &TopicFilter) {
+        let r = self.inner.lock().expect("invariant: lock not poisoned");
+        for conn in r.trie.get(filter) {
+            if let Some(n) = r.conns.get(conn) {
+                n.notify_one();
+            }
+        }
+    }
+
     fn drop_conn(&self, conn: ConnId, filters: impl Iterator<Item = TopicFilter>) {
         let mut r = self.inner.lock().expect("invariant: lock not poisoned");
         for f in filters {
@@ -159,6 +170,16 @@ impl Session {
             outbound_qos2: self.outbound_qos2.values().cloned().collect(),
             shared: self.shared.values().cloned().collect(),
         }
+    }
+
+    /// Whether the session keeps the shared group `key`'s in-flight delivery of `settles` (a
+    /// QoS 2 one, to be completed with this member).
+    pub fn holds_shared(&self, key: &str, settles: &[(String, Offset)]) -> bool {
+        self.outbound_qos2.values().any(|o| {
+            o.group.as_deref() == Some(key)
+                && o.settles.len() == settles.len()
+                && o.settles.iter().zip(settles).all(|((f, off), (g, o))| f == g && *off == o.get())
+        })
     }
 
     /// Messages waiting for this session across its subscriptions.
@@ -300,7 +321,15 @@ impl Broker {
                 }
             }
             s.inbound_qos2 = snap.inbound_qos2.into_iter().collect();
-            s.outbound_qos2 = snap.outbound_qos2.into_iter().map(|o| (o.packet_id, o)).collect();
+            for o in snap.outbound_qos2 {
+                if let Some(key) = &o.group {
+                    // A shared group's QoS 2 delivery in flight to this member: the group holds
+                    // it for the member; a group that no longer exists has nothing to hold.
+                    let Some(g) = state.groups.get(key) else { continue };
+                    g.try_lock().expect("invariant: no other user at start-up").subs.hold(&o.settles(), o.entry());
+                }
+                s.outbound_qos2.insert(o.packet_id, o);
+            }
             // A session that was connected when the broker stopped is offline from now on.
             s.disconnected_at = Some(snap.disconnected_at.map_or(now, Timestamp));
             for st in snap.subscriptions {
@@ -396,6 +425,13 @@ impl Broker {
     /// The group of a shared subscription, if it exists.
     pub fn group(&self, key: &str) -> Option<GroupRef> {
         self.state().groups.get(key).cloned()
+    }
+
+    /// Wakes the online members of the shared group `key`, after messages went back to it.
+    pub fn wake_group(&self, key: &str) {
+        if let Some((_, filter)) = parse_shared(key) {
+            self.router.wake(&filter);
+        }
     }
 
     /// Joins `session` to the shared group `key` (creating the group at the end of its queue).
@@ -585,12 +621,23 @@ impl Broker {
 
     /// Drops every subscription of a session and forgets it (with a tombstone if persistent).
     async fn end_session(&self, session: &SessionRef) {
-        let (client_id, filters, persistent, shared) = {
+        let (client_id, filters, persistent, shared, held) = {
             let mut g = session.lock().await;
             let filters: Vec<String> = std::mem::take(&mut g.subs.subs).into_keys().collect();
             let shared: Vec<String> = std::mem::take(&mut g.shared).into_keys().collect();
-            (g.client_id.clone(), filters, g.persistent(), shared)
+            let held: Vec<_> =
+                std::mem::take(&mut g.outbound_qos2).into_values().filter(|o| o.group.is_some()).collect();
+            (g.client_id.clone(), filters, g.persistent(), shared, held)
         };
+        // A shared group's QoS 2 deliveries in flight to this member are never given to
+        // another member (MQTT-4.8.2-5): the group counts them done.
+        for o in held {
+            if let Some(g) = o.group.as_deref().and_then(|k| self.group(k)) {
+                let mut g = g.lock().await;
+                g.subs.settle(&o.settles());
+                g.dirty = true;
+            }
+        }
         for key in shared {
             self.leave_group(&key).await;
         }

@@ -95,7 +95,8 @@ pub fn parse_shared(s: &str) -> Option<(&str, TopicFilter)> {
 /// it under the same packet id (MQTT-4.4.0-1), and a QoS 2 one whose PUBREL went out as a
 /// PUBREL. QoS 2 entries are persisted before their PUBLISH (and again when released), so a
 /// restart (kill -9 included) never resends one as a new message; QoS 1 entries are persisted
-/// with the cursors (a crash may resend one under a new id, never lose it).
+/// with the cursors (a crash may resend one under a new id, never lose it). QoS 2 deliveries
+/// from a shared group are kept too; QoS 1 ones go back to the group when the member leaves.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboundQos2 {
     pub packet_id: u16,
@@ -114,6 +115,11 @@ pub struct OutboundQos2 {
     /// Subscription identifiers it was sent with.
     #[serde(default)]
     pub subscription_ids: Vec<u32>,
+    /// The shared group (`$share/{group}/{filter}`) whose cursor it settles, for a QoS 2
+    /// delivery to a group member: completed with this member only (MQTT-4.8.2-4), or dropped
+    /// if the member's session ends first (MQTT-4.8.2-5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 fn qos_two() -> u8 {

@@ -79,6 +79,135 @@ fn pid(n: u16) -> PacketId {
     PacketId::new(n).unwrap()
 }
 
+impl Raw {
+    fn subscribe(&mut self, filter: &str, qos: QoS) {
+        self.send(Packet::Subscribe(Subscribe {
+            packet_id: pid(1),
+            subscriptions: vec![Subscription {
+                filter: filter.into(),
+                options: SubscriptionOptions { qos, ..SubscriptionOptions::default() },
+            }],
+            properties: SubscribeProperties::default(),
+        }));
+        assert!(matches!(self.recv(), Some(Packet::SubAck(_))));
+    }
+
+    /// Publishes at QoS 2 and completes the exchange.
+    fn publish_qos2(&mut self, topic: &str, id: u16, payload: &'static [u8]) {
+        let mut p = Publish::new(topic, payload);
+        p.qos = QoS::ExactlyOnce;
+        p.packet_id = Some(pid(id));
+        self.send(Packet::Publish(p));
+        assert!(matches!(self.recv(), Some(Packet::PubRec(_))));
+        self.send(Packet::PubRel(PubResponse::new(pid(id))));
+        assert!(matches!(self.recv(), Some(Packet::PubComp(_))));
+    }
+
+    /// Receives a QoS 2 PUBLISH and completes it; returns its payload.
+    fn complete_qos2(&mut self) -> Vec<u8> {
+        let p = self.recv_publish();
+        let id = p.packet_id.unwrap();
+        self.send(Packet::PubRec(PubResponse::new(id)));
+        match self.recv() {
+            Some(Packet::PubRel(r)) if r.packet_id == id => {}
+            Some(Packet::Publish(other)) => panic!("another PUBLISH before the PUBREL: {:?}", other.payload),
+            other => panic!("expected PUBREL {id:?}, got {other:?}"),
+        }
+        self.send(Packet::PubComp(PubResponse::new(id)));
+        p.payload.to_vec()
+    }
+
+    /// Whether any PUBLISH arrives within `ms` milliseconds.
+    fn quiet_for(&mut self, ms: u64) -> bool {
+        self.s.set_read_timeout(Some(Duration::from_millis(ms))).unwrap();
+        let got = loop {
+            match self.recv() {
+                Some(Packet::Publish(p)) => break Some(p),
+                Some(_) => {}
+                None => break None,
+            }
+        };
+        self.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        got.is_none()
+    }
+}
+
+/// MQTT 5 §4.8.2: a QoS 1 message in flight to a shared-subscription member whose connection
+/// breaks goes to another member at once, without waiting for more traffic.
+#[test]
+fn a_shared_groups_qos1_message_goes_to_another_member_when_its_member_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let (mut a, _) = Raw::connect(silt.port, "share-q1-a", true);
+    a.subscribe("$share/g/s1/#", QoS::AtLeastOnce);
+    let (mut publisher, _) = Raw::connect(silt.port, "share-q1-pub", true);
+    let mut p = Publish::new("s1/x", &b"only"[..]);
+    p.qos = QoS::AtLeastOnce;
+    p.packet_id = Some(pid(1));
+    publisher.send(Packet::Publish(p));
+    assert!(matches!(publisher.recv(), Some(Packet::PubAck(_))));
+    assert_eq!(&a.recv_publish().payload[..], b"only");
+    let (mut b, _) = Raw::connect(silt.port, "share-q1-b", true);
+    b.subscribe("$share/g/s1/#", QoS::AtLeastOnce);
+    drop(a);
+    let got = b.recv_publish();
+    assert_eq!((&got.payload[..], got.dup), (&b"only"[..], true));
+    silt.stop();
+}
+
+/// MQTT 5 §4.8.2: a QoS 2 message in flight to a shared-subscription member whose connection
+/// breaks is completed with that member when it reconnects (MQTT-4.8.2-4), across kill -9 too,
+/// and never sent to another member, not even when the member's session ends (MQTT-4.8.2-5).
+#[test]
+fn a_shared_groups_qos2_delivery_stays_with_its_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let (mut a, _) = Raw::connect(silt.port, "share-q2-a", true);
+    a.subscribe("$share/g/sq/#", QoS::ExactlyOnce);
+    let (mut publisher, _) = Raw::connect(silt.port, "share-q2-pub", true);
+    publisher.publish_qos2("sq/1", 1, b"first");
+    let first = a.recv_publish();
+    assert_eq!(&first.payload[..], b"first");
+    let id = first.packet_id.unwrap();
+
+    // B joins; A's connection breaks with "first" in flight. B gets later messages only.
+    let (mut b, _) = Raw::connect(silt.port, "share-q2-b", true);
+    b.subscribe("$share/g/sq/#", QoS::ExactlyOnce);
+    drop(a);
+    assert!(b.quiet_for(700), "the member's QoS 2 message went to another member");
+    publisher.publish_qos2("sq/1", 2, b"second");
+    assert_eq!(b.complete_qos2(), b"second");
+
+    // Across kill -9: B comes back first and still does not get it; A does, as it was.
+    silt.kill();
+    drop((b, publisher));
+    let silt = Silt::start(dir.path());
+    let (mut b, _) = Raw::connect(silt.port, "share-q2-b", false);
+    assert!(b.quiet_for(700), "after a restart, the member's QoS 2 message went to another member");
+    let (mut a, present) = Raw::connect(silt.port, "share-q2-a", false);
+    assert!(present);
+    let again = a.recv_publish();
+    assert_eq!((again.packet_id, again.dup, &again.payload[..]), (Some(id), true, &b"first"[..]));
+    a.send(Packet::PubRec(PubResponse::new(id)));
+    assert!(matches!(a.recv(), Some(Packet::PubRel(r)) if r.packet_id == id));
+    a.send(Packet::PubComp(PubResponse::new(id)));
+    assert!(a.quiet_for(300) && b.quiet_for(300), "completed once, by A alone");
+
+    // A's session ends (clean start) with "third" in flight: it is never given to B.
+    drop(b);
+    let (mut publisher, _) = Raw::connect(silt.port, "share-q2-pub", true);
+    publisher.publish_qos2("sq/2", 3, b"third");
+    assert_eq!(&a.recv_publish().payload[..], b"third");
+    let (mut b, _) = Raw::connect(silt.port, "share-q2-b", false);
+    drop(a);
+    let (_a, present) = Raw::connect(silt.port, "share-q2-a", true);
+    assert!(!present);
+    assert!(b.quiet_for(700), "a QoS 2 message of an ended session went to another member");
+    publisher.publish_qos2("sq/2", 4, b"fourth");
+    assert_eq!(b.complete_qos2(), b"fourth", "the group goes on");
+    silt.stop();
+}
+
 #[test]
 fn incomplete_qos2_delivery_is_resent_with_its_packet_id_after_kill_9() {
     let dir = tempfile::tempdir().unwrap();

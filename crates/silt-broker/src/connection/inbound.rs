@@ -40,10 +40,16 @@ where
                 Event::OutboundReleased(id) => Box::pin(self.released(id)).await,
                 Event::SessionExpiry(secs) => self.session.lock().await.expiry_secs = secs,
                 Event::Undelivered(f) => {
-                    // Shared-group messages this member never acknowledged go to another member;
-                    // the session's own are sent again from its cursors on the next connection.
+                    // A shared group's QoS 1 message this member never acknowledged goes to
+                    // another member; its QoS 2 ones stay with the session, to be completed
+                    // with this member (MQTT-4.8.2-4). The session's own are sent again from
+                    // its records and cursors on the next connection.
                     if let Some(group) = f.group {
-                        group.lock().await.subs.release(&f.settles);
+                        let mut g = group.lock().await;
+                        if !self.session.lock().await.holds_shared(&g.key, &f.settles) {
+                            g.subs.release(&f.settles);
+                            self.broker.wake_group(&g.key);
+                        }
                     }
                 }
                 Event::Closed { reason, will } => self.closed = Some((reason, will)),

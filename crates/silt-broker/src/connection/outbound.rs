@@ -21,14 +21,30 @@ where
         let restored: Vec<OutboundQos2> = {
             let mut s = self.session.lock().await;
             let list: Vec<OutboundQos2> = s.outbound_qos2.values().cloned().collect();
-            for o in &list {
+            for o in list.iter().filter(|o| o.group.is_none()) {
                 s.subs.hold(&o.settles(), o.entry());
             }
             list
         };
         for o in restored {
             let Some(id) = PacketId::new(o.packet_id) else { continue };
-            let data = Inflight { settles: o.settles(), group: None };
+            // A shared group's delivery is completed with this member; the group holds its
+            // offsets meanwhile (from the disconnect, or since start-up after a restart).
+            let group = match &o.group {
+                None => None,
+                Some(key) => match self.broker.group(key) {
+                    Some(g) => {
+                        g.lock().await.subs.hold(&o.settles(), o.entry());
+                        Some(g)
+                    }
+                    None => {
+                        // The group ended (its last member left): nothing to settle.
+                        self.session.lock().await.outbound_qos2.remove(&o.packet_id);
+                        continue;
+                    }
+                },
+            };
+            let data = Inflight { settles: o.settles(), group };
             if o.qos == 2 && o.released {
                 self.core.resend_release(id, data);
                 continue;
@@ -36,7 +52,10 @@ where
             let Ok(record) = self.broker.storage.read_record(&o.entry()) else {
                 tracing::warn!(client_id = %self.client_id, packet_id = o.packet_id, "in-flight message unreadable");
                 self.session.lock().await.outbound_qos2.remove(&o.packet_id);
-                self.settle_now(o.settles());
+                match data.group {
+                    Some(g) => g.lock().await.subs.settle(&data.settles),
+                    None => self.settle_now(data.settles),
+                }
                 continue;
             };
             let m = Message::from_record(record);
@@ -71,15 +90,13 @@ where
             let mut g = group.lock().await;
             g.subs.settle(&f.settles);
             g.dirty = true;
-            self.want_pull = true;
-            return;
         }
         {
             let mut s = self.session.lock().await;
             if s.outbound_qos2.remove(&id.get()).is_some() {
                 s.dirty = true;
             }
-            if !f.settles.is_empty() {
+            if f.group.is_none() && !f.settles.is_empty() {
                 s.subs.settle(&f.settles);
                 s.dirty = true;
             }
@@ -172,32 +189,45 @@ where
                     group.lock().await.subs.settle(&o.settles);
                     self.send_message(&o.message, qos, false, false, ids, Vec::new(), None, now);
                 } else {
-                    self.send_shared(&o.message, qos, o.dup, ids, o.settles, &group, now);
+                    self.send_shared(&o, qos, ids, (&m.key, &group), now);
                 }
             }
         }
     }
 
-    /// Sends a QoS 1/2 message from a shared group; its acknowledgement settles the group.
-    #[allow(clippy::too_many_arguments)]
+    /// Sends a QoS 1/2 message from a shared group; its acknowledgement settles the group. A
+    /// QoS 2 one is recorded with the session like its own, so that it is completed with this
+    /// member only.
     pub(super) fn send_shared(
         &mut self,
-        m: &Message,
+        o: &crate::session::Outgoing,
         qos: QoS,
-        dup: bool,
         ids: Vec<u32>,
-        settles: Vec<(String, Offset)>,
-        group: &GroupRef,
+        (key, group): (&str, &GroupRef),
         now: Timestamp,
     ) {
+        let m = &o.message;
         let mut p = Publish::new(m.topic.clone(), m.payload.clone());
         p.qos = qos;
-        p.dup = dup;
+        p.dup = o.dup;
         if self.core.version().is_v5() {
-            p.properties = publish_properties(m, ids, now);
+            p.properties = publish_properties(m, ids.clone(), now);
         }
-        match self.core.send(p, Inflight { settles, group: Some(group.clone()) }) {
-            Sent::Queued(_) => {
+        match self.core.send(p, Inflight { settles: o.settles.clone(), group: Some(group.clone()) }) {
+            Sent::Queued(id) => {
+                if let (Some(id), QoS::ExactlyOnce) = (id, qos) {
+                    self.qos2_unpersisted.push(OutboundQos2 {
+                        packet_id: id.get(),
+                        qos: 2,
+                        released: false,
+                        position: o.entry.position.get(),
+                        size: o.entry.size,
+                        timestamp: o.entry.timestamp.get(),
+                        settles: o.settles.iter().map(|(f, off)| (f.clone(), off.get())).collect(),
+                        subscription_ids: ids,
+                        group: Some(key.to_owned()),
+                    });
+                }
                 self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
             }
             Sent::TooLarge(f) => {
@@ -253,6 +283,7 @@ where
                         timestamp: entry.timestamp.get(),
                         settles,
                         subscription_ids,
+                        group: None,
                     });
                 }
                 self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);

@@ -135,6 +135,7 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
             timestamp: 7,
             settles: vec![("a/+".into(), 41)],
             subscription_ids: vec![7],
+            group: Some("$share/g/a/#".into()),
         }],
         shared: vec![SharedMembership { key: "$share/g/a/#".into(), qos: 1, subscription_id: None }],
     };
