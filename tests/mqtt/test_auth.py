@@ -36,6 +36,12 @@ def secured(data_dir):
 
 def connack_code(silt, protocol, username, password, client_id="x", will=None):
     """Connects once and returns the CONNACK reason code (None if none came within 5 s)."""
+    answer = connack(silt, protocol, username, password, client_id, will)
+    return answer[0] if answer else None
+
+
+def connack(silt, protocol, username, password, client_id="x", will=None):
+    """Connects once and returns the CONNACK's (reason code, properties), or None after 5 s."""
     import time
 
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
@@ -43,7 +49,7 @@ def connack_code(silt, protocol, username, password, client_id="x", will=None):
     if will:
         c.will_set(**will)
     result = []
-    c.on_connect = lambda *a: result.append(a[3])
+    c.on_connect = lambda *a: result.append((a[3], a[4]))
     c.connect("127.0.0.1", silt.port)
     c.loop_start()
     for _ in range(100):
@@ -64,6 +70,9 @@ def test_wrong_password_is_refused_with_the_right_code(secured):
     assert str(connect_rc(secured, mqtt.MQTTv311, "alice", "nope")) == "Bad user name or password"
     assert connect_rc(secured, mqtt.MQTTv5, "mallory", "x").value == 0x86
     assert connect_rc(secured, mqtt.MQTTv5, "alice", "wonderland").value == 0
+    # MQTT 5.0 clients are told why in words too (the CONNACK's Reason String).
+    code, props = connack(secured, mqtt.MQTTv5, "alice", "nope")
+    assert code.value == 0x86 and props.ReasonString == "bad user name or password"
 
 
 def test_acl_refuses_publish_and_subscribe_with_reason_codes(secured):

@@ -237,7 +237,10 @@ where
                 if qos2 && let Err(e) = self.broker.persist(&self.session).await {
                     // Without the record, a restart could resend these as new messages.
                     tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 state not persisted");
-                    self.core.close(Close::Error(silt_mqtt::ReasonCode::UnspecifiedError));
+                    self.core.close(Close::Error(
+                        silt_mqtt::ReasonCode::UnspecifiedError,
+                        "the session's QoS 2 state could not be stored",
+                    ));
                     break;
                 }
             }

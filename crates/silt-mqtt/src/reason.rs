@@ -237,6 +237,59 @@ impl ReasonCode {
     }
 }
 
+impl ReasonCode {
+    /// A short explanation of an error code for a Reason String (MQTT 5.0 §3.1.2.11.7), from
+    /// the server's side; `None` for success codes.
+    pub fn explanation(self) -> Option<&'static str> {
+        use ReasonCode::*;
+        Some(match self {
+            UnspecifiedError => "the server could not complete the request; try again",
+            MalformedPacket => "the packet could not be decoded",
+            ProtocolError => "the packet breaks the MQTT protocol",
+            ImplementationSpecificError => "the server refused the request",
+            UnsupportedProtocolVersion => "this server speaks MQTT 3.1, 3.1.1 and 5.0",
+            ClientIdentifierNotValid => "the client identifier is not valid",
+            BadUserNameOrPassword => "bad user name or password",
+            NotAuthorized => "not authorized",
+            ServerUnavailable => "the server is not available",
+            ServerBusy => "the server is busy; try again later",
+            Banned => "this client is banned",
+            ServerShuttingDown => "the server is shutting down",
+            BadAuthenticationMethod => "this server supports no extended authentication method",
+            KeepAliveTimeout => "nothing received within one and a half keep alive intervals",
+            SessionTakenOver => "another connection took the session over (same client identifier)",
+            TopicFilterInvalid => "the topic filter is not valid",
+            TopicNameInvalid => "the topic name is not valid",
+            PacketIdentifierInUse => "the packet identifier is in use",
+            PacketIdentifierNotFound => "no message with this packet identifier awaits it",
+            ReceiveMaximumExceeded => "more QoS 1/2 messages in flight than the server's Receive Maximum",
+            TopicAliasInvalid => "the topic alias is not valid",
+            PacketTooLarge => "the packet exceeds the maximum packet size",
+            MessageRateTooHigh => "the message rate is too high",
+            QuotaExceeded => "a quota was exceeded",
+            AdministrativeAction => "disconnected by an administrator",
+            PayloadFormatInvalid => "the payload does not match its payload format indicator",
+            RetainNotSupported => "retained messages are not supported",
+            QoSNotSupported => "this QoS is not supported",
+            UseAnotherServer => "use another server",
+            ServerMoved => "the server has moved",
+            SharedSubscriptionsNotSupported => "shared subscriptions are not supported",
+            ConnectionRateExceeded => "the connection rate is too high",
+            MaximumConnectTime => "the maximum connection time was reached",
+            SubscriptionIdentifiersNotSupported => "subscription identifiers are not supported",
+            WildcardSubscriptionsNotSupported => "wildcard subscriptions are not supported",
+            Success
+            | GrantedQoS1
+            | GrantedQoS2
+            | DisconnectWithWillMessage
+            | NoMatchingSubscribers
+            | NoSubscriptionExisted
+            | ContinueAuthentication
+            | ReAuthenticate => return None,
+        })
+    }
+}
+
 impl fmt::Display for ReasonCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self:?} (0x{:02X})", self.as_u8())

@@ -144,7 +144,10 @@ where
                 }
                 Err(e) => {
                     tracing::warn!(client_id = %self.client_id, error = %e, "delivery read failed");
-                    self.core.close(Close::Error(silt_mqtt::ReasonCode::UnspecifiedError));
+                    self.core.close(Close::Error(
+                        silt_mqtt::ReasonCode::UnspecifiedError,
+                        "messages for this session could not be read",
+                    ));
                     return;
                 }
             }

@@ -219,8 +219,8 @@ pub enum Close {
     /// A packet could not be decoded (malformed, a protocol error, too large).
     Malformed(DecodeError),
     /// A well-formed packet broke a rule that needs connection state, or the server failed:
-    /// DISCONNECT with this reason (MQTT 5.0).
-    Error(ReasonCode),
+    /// DISCONNECT with this reason (MQTT 5.0), and the explanation as its Reason String.
+    Error(ReasonCode, &'static str),
     /// Another connection took the client identifier over.
     TakenOver,
     /// The server is shutting down; no will is published.
@@ -237,10 +237,19 @@ impl Close {
         match self {
             Close::KeepAliveTimeout => Some(ReasonCode::KeepAliveTimeout),
             Close::Malformed(e) => Some(e.reason_code()),
-            Close::Error(code) => Some(*code),
+            Close::Error(code, _) => Some(*code),
             Close::TakenOver => Some(ReasonCode::SessionTakenOver),
             Close::Shutdown => Some(ReasonCode::ServerShuttingDown),
             Close::Client { .. } | Close::Lost | Close::ConnectTimeout | Close::Refused(_) => None,
+        }
+    }
+
+    /// The Reason String of the DISCONNECT: what went wrong, as precisely as known.
+    pub fn explanation(&self) -> Option<String> {
+        match self {
+            Close::Malformed(e) => Some(e.to_string()),
+            Close::Error(_, why) => Some((*why).to_owned()),
+            _ => self.disconnect_reason().and_then(ReasonCode::explanation).map(str::to_owned),
         }
     }
 

@@ -44,7 +44,7 @@ impl<T> Connection<T> {
         };
         if let Some(v) = answer_in {
             self.version = v;
-            self.queue(&Packet::ConnAck(Box::new(ConnAck::refused(code))));
+            self.queue_explained(&Packet::ConnAck(Box::new(ConnAck::refused(code))), Some(e.error.to_string()));
         }
         self.close(Close::Malformed(e.error));
     }
@@ -154,6 +154,7 @@ impl<T> Connection<T> {
         self.inbound_aliases = InboundAliases::new(if v.is_v5() { s.topic_alias_maximum } else { 0 });
         self.inflight = Outbound::new(cp.receive_maximum.map_or(s.max_inflight, |r| r.min(s.max_inflight)));
         self.client_max_packet = cp.maximum_packet_size.unwrap_or(u32::MAX);
+        self.problem_information = cp.request_problem_information.unwrap_or(true);
         self.outbound_aliases = OutboundAliases::new(cp.topic_alias_maximum.unwrap_or(0));
         self.session_expiry = session_expiry;
         self.will = connect.will.map(Box::new);

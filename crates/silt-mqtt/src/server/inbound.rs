@@ -24,10 +24,13 @@ pub(super) enum PendingStore {
 impl<T> Connection<T> {
     pub(super) fn on_publish(&mut self, mut p: Publish) {
         if let Err(code) = self.inbound_aliases.resolve(p.properties.topic_alias, &mut p.topic) {
-            return self.close(Close::Error(code));
+            return self.close(Close::Error(code, "unknown topic alias, or one above the Topic Alias Maximum"));
         }
         if !valid_topic_name(&p.topic) {
-            return self.close(Close::Error(ReasonCode::TopicNameInvalid));
+            return self.close(Close::Error(
+                ReasonCode::TopicNameInvalid,
+                "empty topic name without a topic alias, or a wildcard in it",
+            ));
         }
         let Some(id) = p.packet_id.filter(|_| p.qos != QoS::AtMostOnce) else {
             // QoS 0: nobody waits for the store.
@@ -52,7 +55,10 @@ impl<T> Connection<T> {
         }
         if usize::from(self.stores_counted) + self.awaiting_release.len() >= usize::from(self.settings.receive_maximum)
         {
-            return self.close(Close::Error(ReasonCode::ReceiveMaximumExceeded));
+            return self.close(Close::Error(
+                ReasonCode::ReceiveMaximumExceeded,
+                "more QoS 1/2 messages in flight than the server's Receive Maximum",
+            ));
         }
         let token = self.token();
         self.stores.push_back(PendingStore::Store { token, id, qos: p.qos, answer: None, repeats: 0 });

@@ -42,7 +42,7 @@ use crate::codec::{decode, decode_connect};
 use crate::flow::{InboundAliases, Outbound, OutboundAliases, keep_alive_deadline};
 use crate::packet::{Disconnect, Packet, Will};
 use crate::reason::ReasonCode;
-use crate::types::ProtocolVersion;
+use crate::types::{PacketType, ProtocolVersion};
 
 mod event;
 mod handshake;
@@ -106,6 +106,8 @@ pub struct Connection<T> {
     outbound_aliases: OutboundAliases,
     /// The client's Maximum Packet Size.
     client_max_packet: u32,
+    /// The client's Request Problem Information (MQTT 5.0): Reason Strings on acknowledgements.
+    problem_information: bool,
     /// Seconds, as granted.
     session_expiry: u32,
     /// The CONNECT asked for a session that ends with the connection (MQTT 5.0 forbids
@@ -137,6 +139,7 @@ impl<T> Connection<T> {
             inflight: Outbound::new(1),
             outbound_aliases: OutboundAliases::new(0),
             client_max_packet: u32::MAX,
+            problem_information: true,
             session_expiry: 0,
             connect_expiry_zero: true,
             will: None,
@@ -284,7 +287,7 @@ impl<T> Connection<T> {
             if let Some(code) = reason.disconnect_reason()
                 && self.version.is_v5()
             {
-                self.queue(&Packet::Disconnect(Disconnect::new(code)));
+                self.queue_explained(&Packet::Disconnect(Disconnect::new(code)), reason.explanation());
             }
             if reason.publishes_will() {
                 will = self.will.take().map(|will| {
@@ -310,10 +313,13 @@ impl<T> Connection<T> {
             Packet::Unsubscribe(u) => self.on_unsubscribe(u),
             Packet::PingReq => self.queue(&Packet::PingResp),
             Packet::Disconnect(d) => self.on_disconnect(d),
-            Packet::Auth(_) => self.close(Close::Error(ReasonCode::BadAuthenticationMethod)),
+            Packet::Auth(_) => self.close(Close::Error(
+                ReasonCode::BadAuthenticationMethod,
+                "AUTH without an authentication method in the CONNECT",
+            )),
             // A second CONNECT, or a packet only a server sends.
             Packet::Connect(_) | Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
-                self.close(Close::Error(ReasonCode::ProtocolError))
+                self.close(Close::Error(ReasonCode::ProtocolError, "a second CONNECT, or a packet only a server sends"))
             }
         }
     }
@@ -325,7 +331,10 @@ impl<T> Connection<T> {
             // MQTT-3.14.2-2: a session the CONNECT asked to end with the connection stays so
             // (what the CONNECT asked, not what we granted: a server cap of 0 is no reason).
             if self.connect_expiry_zero && e > 0 {
-                return self.close(Close::Error(ReasonCode::ProtocolError));
+                return self.close(Close::Error(
+                    ReasonCode::ProtocolError,
+                    "a session that ends with the connection cannot be given an expiry on DISCONNECT",
+                ));
             }
             self.session_expiry = e.min(self.settings.max_session_expiry);
             self.events.push_back(Event::SessionExpiry(self.session_expiry));
@@ -341,10 +350,77 @@ impl<T> Connection<T> {
     /// Encodes a packet for the client. Everything queued is built here from checked parts, so
     /// encoding cannot fail; were it to, the packet is dropped rather than the connection.
     fn queue(&mut self, packet: &Packet) {
+        if self.version.is_v5() && error_code(packet).is_some() {
+            return self.queue_explained(packet, None);
+        }
+        let encoded = packet.encode(self.version, &mut self.transmit);
+        debug_assert!(encoded.is_ok(), "invariant: queued packets encode: {encoded:?} for {packet:?}");
+    }
+
+    /// Queues an MQTT 5.0 packet with an error code, with a Reason String: `detail` or the
+    /// code's explanation. Acknowledgements carry one only if the client did not turn Request
+    /// Problem Information off (MQTT-3.1.2-29); a packet the Reason String would make larger
+    /// than the client's Maximum Packet Size goes without it (MQTT-3.2.2-19 and the like).
+    fn queue_explained(&mut self, packet: &Packet, detail: Option<String>) {
+        let allowed = self.problem_information || matches!(packet, Packet::ConnAck(_) | Packet::Disconnect(_));
+        let explained = error_code(packet).filter(|_| allowed && self.version.is_v5()).and_then(|code| {
+            let text = detail.or_else(|| explanation(packet.packet_type(), code).map(str::to_owned))?;
+            let mut p = packet.clone();
+            *reason_string_mut(&mut p)? = Some(text);
+            p.encoded_len(self.version).is_ok_and(|n| n as u64 <= u64::from(self.client_max_packet)).then_some(p)
+        });
+        let packet = explained.as_ref().unwrap_or(packet);
         let encoded = packet.encode(self.version, &mut self.transmit);
         debug_assert!(encoded.is_ok(), "invariant: queued packets encode: {encoded:?} for {packet:?}");
     }
 }
+
+/// The error reason code of a packet the server sends, if it carries one (a SUBACK or UNSUBACK:
+/// the first failing filter's).
+fn error_code(packet: &Packet) -> Option<ReasonCode> {
+    let code = match packet {
+        Packet::ConnAck(a) => a.reason_code,
+        Packet::Disconnect(d) => d.reason_code,
+        Packet::PubAck(r) | Packet::PubRec(r) | Packet::PubRel(r) | Packet::PubComp(r) => r.reason_code,
+        Packet::SubAck(a) => a.reason_codes.iter().copied().find(|c| c.is_error())?,
+        Packet::UnsubAck(a) => a.reason_codes.iter().copied().find(|c| c.is_error())?,
+        _ => return None,
+    };
+    code.is_error().then_some(code)
+}
+
+fn reason_string_mut(packet: &mut Packet) -> Option<&mut Option<String>> {
+    Some(match packet {
+        Packet::ConnAck(a) => &mut a.properties.reason_string,
+        Packet::Disconnect(d) => &mut d.properties.reason_string,
+        Packet::PubAck(r) | Packet::PubRec(r) | Packet::PubRel(r) | Packet::PubComp(r) => {
+            &mut r.properties.reason_string
+        }
+        Packet::SubAck(a) => &mut a.properties.reason_string,
+        Packet::UnsubAck(a) => &mut a.properties.reason_string,
+        _ => return None,
+    })
+}
+
+/// What an error code means in the packet it answers, for its Reason String.
+fn explanation(packet: PacketType, code: ReasonCode) -> Option<&'static str> {
+    Some(match (packet, code) {
+        (PacketType::PubAck | PacketType::PubRec, ReasonCode::NotAuthorized) => {
+            "not authorized to publish to this topic"
+        }
+        (PacketType::PubAck | PacketType::PubRec, ReasonCode::UnspecifiedError) => {
+            "the message could not be stored and was not accepted; publish it again"
+        }
+        (PacketType::SubAck, ReasonCode::NotAuthorized) => "not authorized to subscribe to a topic filter",
+        (PacketType::SubAck, ReasonCode::TopicFilterInvalid) => "a topic filter or shared subscription is not valid",
+        (PacketType::SubAck, ReasonCode::UnspecifiedError) => "a subscription could not be made",
+        (PacketType::UnsubAck, ReasonCode::UnspecifiedError) => "an unsubscription could not be made",
+        (PacketType::ConnAck, ReasonCode::NotAuthorized) => "not authorized to connect, or to use this will topic",
+        _ => return code.explanation(),
+    })
+}
+
+impl<T> Connection<T> {}
 
 /// A topic name as MQTT §4.7.3 allows it (the rules of `silt_types::TopicName`, checked
 /// without copying the name).

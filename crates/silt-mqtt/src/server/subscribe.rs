@@ -41,7 +41,7 @@ impl<T> Connection<T> {
     pub(super) fn on_subscribe(&mut self, s: Subscribe) {
         let sub_id = s.properties.subscription_identifier;
         if sub_id == Some(0) {
-            return self.close(Close::Error(ReasonCode::ProtocolError));
+            return self.close(Close::Error(ReasonCode::ProtocolError, "subscription identifier 0"));
         }
         let v5 = self.version.is_v5();
         let invalid = if v5 { ReasonCode::TopicFilterInvalid } else { ReasonCode::UnspecifiedError };
@@ -62,7 +62,7 @@ impl<T> Connection<T> {
                 if options.no_local {
                     // MQTT-3.8.3-4: a Protocol Error, which closes the connection (0x82 is no
                     // SUBACK code). Nothing of the packet is applied.
-                    return self.close(Close::Error(ReasonCode::ProtocolError));
+                    return self.close(Close::Error(ReasonCode::ProtocolError, "no local on a shared subscription"));
                 }
                 SubscriptionFilter::Shared { key: sub.filter, filter }
             } else {

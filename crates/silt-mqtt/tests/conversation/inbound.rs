@@ -101,7 +101,7 @@ fn exceeding_receive_maximum_is_disconnect_0x93_in_v5_and_a_plain_close_in_v311(
         assert_eq!(w.close_reason(), None, "{version}: closing waits for the stores already requested");
         w.complete_store(0);
         w.complete_store(0);
-        assert_eq!(w.close_reason(), Some(&Close::Error(ReasonCode::ReceiveMaximumExceeded)), "{version}");
+        assert!(matches!(w.close_reason(), Some(Close::Error(ReasonCode::ReceiveMaximumExceeded, _))), "{version}");
         let want: &[ReasonCode] = if version.is_v5() { &[ReasonCode::ReceiveMaximumExceeded] } else { &[] };
         assert_eq!(disconnects(&w), want, "{version}");
         assert_eq!(w.broker.log.len(), 4, "{version}: the fifth was never stored");

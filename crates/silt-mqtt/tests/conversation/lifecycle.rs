@@ -135,7 +135,7 @@ fn disconnect_may_change_the_session_expiry_but_not_extend_a_session_that_ends_w
     let mut w = World::connected(Connect::new(V5, "s", 60)); // expiry 0
     w.client.send(Packet::Disconnect(d));
     w.run();
-    assert_eq!(w.close_reason(), Some(&Close::Error(ReasonCode::ProtocolError)));
+    assert!(matches!(w.close_reason(), Some(Close::Error(ReasonCode::ProtocolError, _))));
     assert_eq!(last_disconnect(&w), Some(ReasonCode::ProtocolError));
     assert!(!w.broker.sessions.contains_key("s"), "the session ended with the connection");
 }
@@ -146,7 +146,7 @@ fn violations_are_disconnect_reasons_in_v5_and_a_plain_close_in_v311() {
         let mut w = World::connected(Connect::new(version, "twice", 60));
         w.client.send(Packet::from(Connect::new(version, "twice", 60)));
         w.run();
-        assert_eq!(w.close_reason(), Some(&Close::Error(ReasonCode::ProtocolError)), "{version}");
+        assert!(matches!(w.close_reason(), Some(Close::Error(ReasonCode::ProtocolError, _))), "{version}");
         let want = version.is_v5().then_some(ReasonCode::ProtocolError);
         assert_eq!(last_disconnect(&w), want, "{version}");
     }

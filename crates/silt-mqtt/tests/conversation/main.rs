@@ -8,4 +8,5 @@ mod handshake;
 mod inbound;
 mod lifecycle;
 mod outbound;
+mod reasons;
 mod subscribe;

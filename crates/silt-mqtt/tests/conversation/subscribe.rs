@@ -112,7 +112,7 @@ fn subscription_identifier_zero_is_a_protocol_error() {
         }),
     );
     w.run();
-    assert_eq!(w.close_reason(), Some(&Close::Error(ReasonCode::ProtocolError)));
+    assert!(matches!(w.close_reason(), Some(Close::Error(ReasonCode::ProtocolError, _))));
 }
 
 #[test]
@@ -157,7 +157,7 @@ fn no_local_on_a_shared_subscription_is_disconnect_0x82() {
         properties: SubscribeProperties::default(),
     }));
     w.run();
-    assert_eq!(w.close_reason(), Some(&Close::Error(ReasonCode::ProtocolError)));
+    assert!(matches!(w.close_reason(), Some(Close::Error(ReasonCode::ProtocolError, _))));
     assert!(
         matches!(w.client.received.last(), Some(Packet::Disconnect(d)) if d.reason_code == ReasonCode::ProtocolError)
     );
