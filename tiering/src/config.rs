@@ -104,6 +104,11 @@ pub enum Tier {
     /// (same-length stand-ins keep positions and offsets), and segments holding them are never
     /// evicted. Losing the disk loses them; retention still deletes them.
     Local,
+    /// The process's memory: acknowledged without waiting for an fsync, never uploaded (the
+    /// object-store copy holds stand-ins), delivered while the broker runs and gone after a
+    /// restart, like a broker without persistence. Their bytes pass through the commitlog so
+    /// that one log orders every topic; the log's page cache holds them.
+    Memory,
 }
 
 /// `[topic_defaults]`: the policy of topics no `[[topics]]` entry matches.
@@ -145,14 +150,16 @@ pub struct Policies {
     trie: TopicTrie<usize>,
     any_object_ack: bool,
     any_local_tier: bool,
+    any_memory_tier: bool,
 }
 
 impl Policies {
     pub fn new(default: TopicPolicy, rules: &[TopicRule]) -> Result<Policies, String> {
         let consistent = |p: &TopicPolicy, key: &str| {
-            if p.ack == AckDurability::Object && p.tier == Tier::Local {
+            if p.ack == AckDurability::Object && p.tier != Tier::Object {
                 return Err(format!(
-                    "{key}: ack = \"object\" needs tier = \"object\" (a local topic never reaches the bucket)"
+                    "{key}: ack = \"object\" needs tier = \"object\" (a {} topic never reaches the bucket)",
+                    if p.tier == Tier::Local { "local" } else { "memory" }
                 ));
             }
             Ok(())
@@ -175,7 +182,8 @@ impl Policies {
         let any = |f: &dyn Fn(&TopicPolicy) -> bool| f(&default) || resolved.iter().any(f);
         let any_object_ack = any(&|p| p.ack == AckDurability::Object);
         let any_local_tier = any(&|p| p.tier == Tier::Local);
-        Ok(Policies { default, rules: resolved, trie, any_object_ack, any_local_tier })
+        let any_memory_tier = any(&|p| p.tier == Tier::Memory);
+        Ok(Policies { default, rules: resolved, trie, any_object_ack, any_local_tier, any_memory_tier })
     }
 
     /// The policy of `topic`.
@@ -193,6 +201,17 @@ impl Policies {
     /// Whether any topic is kept off the object store.
     pub fn any_local_tier(&self) -> bool {
         self.any_local_tier
+    }
+
+    /// Whether any topic lives in memory only.
+    pub fn any_memory_tier(&self) -> bool {
+        self.any_memory_tier
+    }
+
+    /// Whether `topic`'s messages live in memory only (`$SYS` figures never do: they are
+    /// the broker's and follow its own rules).
+    pub fn memory(&self, topic: &str) -> bool {
+        self.any_memory_tier && !topic.starts_with("$SYS/") && self.for_topic(topic).tier == Tier::Memory
     }
 
     /// Whether a record of `topic` (or, without a topic, of `stream`) is kept off the store.
@@ -250,6 +269,23 @@ mod tests {
         assert!(p.withholds("a/b", "a") && !p.withholds("b", "b") && !p.withholds("", "__silt_sessions"));
         assert!(Policies::new(default.clone(), &[rule("a/#/b")]).is_err());
         let contradiction = TopicRule { tier: Some(Tier::Local), ack: Some(AckDurability::Object), ..rule("c") };
-        assert!(Policies::new(default, &[contradiction]).err().unwrap().contains("topics[0]"));
+        assert!(Policies::new(default.clone(), &[contradiction]).err().unwrap().contains("topics[0]"));
+        let contradiction = TopicRule { tier: Some(Tier::Memory), ack: Some(AckDurability::Object), ..rule("c") };
+        assert!(Policies::new(default, &[contradiction]).err().unwrap().contains("memory topic"));
+    }
+
+    #[test]
+    fn memory_topics_are_named_by_policy_and_sys_figures_never_are() {
+        let rules = [TopicRule {
+            pattern: "#".into(),
+            tier: Some(Tier::Memory),
+            ack: None,
+            retention_ms: None,
+            retention_bytes: None,
+        }];
+        let p = Policies::new(TopicPolicy::default(), &rules).unwrap();
+        assert!(p.any_memory_tier() && p.memory("fast/1") && !p.memory("$SYS/broker/uptime"));
+        let none = Policies::new(TopicPolicy::default(), &[]).unwrap();
+        assert!(!none.any_memory_tier() && !none.memory("fast/1"));
     }
 }

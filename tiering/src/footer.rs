@@ -37,6 +37,10 @@ pub struct Footer {
     /// local segment is their only copy, so it is never evicted.
     #[serde(default)]
     pub withheld: u64,
+    /// Records of `tier = "memory"` topics, also kept off the object store (as stand-ins like
+    /// withheld ones) but gone after a restart anyway: they never hold a segment back.
+    #[serde(default)]
+    pub volatile: u64,
 }
 
 /// A consume queue's entries in one object: offsets `[first, first + count)`.
@@ -114,8 +118,8 @@ pub fn build(base: u64, bytes: &Bytes, max_batch_bytes: usize) -> Result<Footer,
 
 /// Scans the sealed segment file at `path` (`len` bytes) once: checks every batch, builds the
 /// footer, and hands the object's bytes to `emit` in order — each batch as stored, or, when
-/// `withhold(topic, stream)` says so for one of its records, re-encoded with those records
-/// replaced by same-length stand-ins (`Record::withhold`). Reads 4 MiB at a time, so memory
+/// one of its records is volatile or `withhold(topic, stream)` says so, re-encoded with those
+/// records replaced by same-length stand-ins (`Record::withhold`). Reads 4 MiB at a time, so memory
 /// stays at one read plus one batch whatever the segment size.
 pub fn scan_file(
     path: &std::path::Path,
@@ -183,8 +187,12 @@ fn scan(
             if head.control {
                 continue;
             }
-            if withhold(head.topic, head.stream) {
+            if head.volatile {
                 withheld.push(i);
+                footer.volatile += 1;
+            } else if withhold(head.topic, head.stream) {
+                withheld.push(i);
+                footer.withheld += 1;
             }
             let ts = head.timestamp.get();
             if first {
@@ -206,7 +214,6 @@ fn scan(
         if withheld.is_empty() {
             emit(view.frame)?;
         } else {
-            footer.withheld += withheld.len() as u64;
             emit(withhold_records(&view, &withheld, max_batch_bytes, base)?)?;
         }
         at += total;

@@ -239,6 +239,37 @@ fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
 }
 
 #[test]
+fn memory_tier_records_stay_off_the_store_and_hold_no_segment_back() {
+    let store = tempfile::tempdir().unwrap();
+    let a = tempfile::tempdir().unwrap();
+    let node = start(a.path(), TieringConfig { hot_cache_bytes: 0, ..cfg(store.path()) }, default_policies());
+    let secret = b"memory-only-payload-0123456789".to_vec();
+    for i in 0..3u8 {
+        let volatile =
+            Record { volatile: true, ..record("mem/x", [secret.clone(), vec![i]].concat(), Timestamp::now()) };
+        node.storage.append_blocking(&[volatile]).unwrap();
+        node.storage.append_blocking(&[record("dev/0", format!("shared-{i}").into_bytes(), Timestamp::now())]).unwrap();
+    }
+    let end = node.storage.stats().log_end;
+    node.storage.wait_dispatched_blocking(end).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sealed = rt.block_on(node.storage.roll()).unwrap();
+    rt.block_on(node.tiering.wait_uploaded(sealed)).unwrap();
+    let objects: Vec<u8> = std::fs::read_dir(store.path().join("segments"))
+        .unwrap()
+        .flat_map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    let has = |needle: &[u8]| objects.windows(needle.len()).any(|w| w == needle);
+    assert!(has(b"shared-1") && !has(&secret), "the object carries stand-ins for memory records");
+    // Unlike `tier = "local"`, the segment is evicted (its memory records die with the process
+    // anyway); the shared records are read back from the store.
+    let log_files = || std::fs::read_dir(a.path().join("log")).unwrap().count();
+    wait_until("eviction", || log_files() <= 2);
+    assert_eq!(node.topic("dev/0").len(), 3);
+    node.stop();
+}
+
+#[test]
 fn local_tier_messages_stay_off_the_store_and_keep_their_offsets() {
     let store = tempfile::tempdir().unwrap();
     let a = tempfile::tempdir().unwrap();

@@ -231,8 +231,9 @@ pub struct Broker {
     pub(crate) sys_backlogs: Mutex<HashMap<String, u64>>,
     /// `$SYS/broker/...` figures as last published.
     pub(crate) sys_figures: Mutex<HashMap<String, String>>,
-    /// Topics whose acknowledgements wait for the object store (set by the server).
-    object_ack: OnceLock<Arc<dyn ObjectAck>>,
+    /// Per-topic tier decisions: memory-only topics, and acknowledgements that wait for the
+    /// object store (set by the server).
+    tiers: OnceLock<Arc<dyn TopicTiers>>,
     /// Extra `$SYS/broker/...` figures (name, value), e.g. tiering's.
     pub(crate) extra_stats: OnceLock<ExtraStats>,
     /// Serializes dumps of the internal streams.
@@ -242,10 +243,14 @@ pub struct Broker {
 /// Extra `$SYS/broker/{name}` figures, produced on each statistics tick.
 pub type ExtraStats = Box<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
 
-/// Acknowledgement durability beyond the local log: for the topics it names, a QoS 1/2
-/// publish is acknowledged only once `wait` resolves (the object store holds the data).
-pub trait ObjectAck: Send + Sync + 'static {
-    fn required(&self, topic: &str) -> bool;
+/// What tiering decides per topic when a message is published.
+pub trait TopicTiers: Send + Sync + 'static {
+    /// The topic lives in memory only (`tier = "memory"`): its records are volatile,
+    /// acknowledged without an fsync and gone after a restart.
+    fn memory(&self, topic: &str) -> bool;
+    /// Acknowledgement durability beyond the local log: a QoS 1/2 publish to the topic is
+    /// acknowledged only once `wait` resolves (the object store holds the data).
+    fn object_ack(&self, topic: &str) -> bool;
     fn wait(
         &self,
         end: LogPosition,
@@ -358,7 +363,7 @@ impl Broker {
             filter_lock: tokio::sync::Mutex::new(()),
             sys_backlogs: Mutex::new(HashMap::new()),
             sys_figures: Mutex::new(HashMap::new()),
-            object_ack: OnceLock::new(),
+            tiers: OnceLock::new(),
             extra_stats: OnceLock::new(),
             dump_lock: tokio::sync::Mutex::new(()),
         }))
@@ -767,7 +772,7 @@ impl Broker {
     pub async fn submit(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
         let ack = self.submit_local(message).await?;
         // QoS 0 has no acknowledgement to hold back.
-        match self.object_ack.get().filter(|g| message.qos > 0 && g.required(&message.topic)) {
+        match self.tiers.get().filter(|g| message.qos > 0 && g.object_ack(&message.topic)) {
             None => Ok(ack),
             Some(gate) => {
                 let gate = gate.clone();
@@ -780,9 +785,9 @@ impl Broker {
         }
     }
 
-    /// Makes acknowledgements of the topics `gate` names wait for it.
-    pub fn set_object_ack(&self, gate: Arc<dyn ObjectAck>) {
-        let _ = self.object_ack.set(gate);
+    /// Applies tiering's per-topic decisions to publishes from now on.
+    pub fn set_tiers(&self, tiers: Arc<dyn TopicTiers>) {
+        let _ = self.tiers.set(tiers);
     }
 
     /// Adds figures to `$SYS/broker/`.
@@ -857,7 +862,8 @@ impl Broker {
     }
 
     async fn submit_local(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
-        let record = message.to_record();
+        let mut record = message.to_record();
+        record.volatile = self.tiers.get().is_some_and(|t| t.memory(&message.topic));
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         if !message.retain {
             let ack = self.storage.submit(&[record]).await?;

@@ -28,6 +28,6 @@ pub mod server;
 pub mod session;
 mod sys;
 
-pub use broker::{AckFuture, Broker, ExtraStats, ObjectAck, Router};
+pub use broker::{AckFuture, Broker, ExtraStats, Router, TopicTiers};
 pub use config::{MqttConfig, TlsListenerConfig, WsListenerConfig, WssListenerConfig};
 pub use message::Message;

@@ -87,6 +87,7 @@ impl Message {
             attrs,
             control: false,
             withheld: false,
+            volatile: false,
         }
     }
 

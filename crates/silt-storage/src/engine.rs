@@ -51,6 +51,8 @@ pub struct StorageStats {
     pub tail_cache_bytes: u64,
     pub index_sst_bytes: u64,
     pub index_memtable_bytes: u64,
+    /// Fsyncs of the commitlog since it was opened.
+    pub fsyncs: u64,
 }
 
 pub struct Storage {
@@ -63,6 +65,9 @@ pub struct Storage {
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// The log's end when this process opened it: volatile records below it were written by
+    /// an earlier process and are gone.
+    opened_at: LogPosition,
 }
 
 impl Storage {
@@ -140,6 +145,7 @@ impl Storage {
             stop,
             threads: Mutex::new(threads),
             closed: AtomicBool::new(false),
+            opened_at: end,
         })
     }
 
@@ -180,11 +186,12 @@ impl Storage {
             return Err(Error::Fenced);
         }
         let batch = format::encode_batch(records, self.log.config.max_batch_bytes as usize)?;
+        let volatile = records.iter().all(|r| r.volatile);
         let n = (batch.frame.len() as u64).min(self.log.config.max_pending_bytes) as u32;
         let permit = self.pending.clone().acquire_many_owned(n).await.map_err(|_| Error::Closed)?;
         let (done, rx) = oneshot::channel();
         self.writer_tx
-            .send(WriterMsg::Append(PendingAppend { batch, done, _permit: permit }))
+            .send(WriterMsg::Append(PendingAppend { batch, volatile, done, _permit: permit }))
             .map_err(|_| Error::Closed)?;
         Ok(PendingAppendAck(rx))
     }
@@ -282,12 +289,13 @@ impl Storage {
     }
 
     /// The record an index entry points at. Payload bytes are shared, not copied.
-    /// A withheld record (a `tier = "local"` record restored from the object store) is gone:
+    /// A withheld record (a `tier = "local"` record restored from the object store) and a
+    /// volatile one written before this process started (`tier = "memory"`) are gone:
     /// `Error::Withheld`, of kind `Expired`.
     pub fn read_record(&self, entry: &IndexEntry) -> Result<Record> {
         let bytes = self.log.read(entry.position, entry.size as usize)?;
         let r = Record::decode(&bytes).map_err(|source| Error::Corrupt { position: entry.position.get(), source })?;
-        if r.withheld {
+        if r.withheld || (r.volatile && entry.position < self.opened_at) {
             return Err(Error::Withheld(entry.position.get()));
         }
         Ok(r)
@@ -394,6 +402,7 @@ impl Storage {
             tail_cache_bytes: self.log.tail_bytes(),
             index_sst_bytes: sst,
             index_memtable_bytes: mem,
+            fsyncs: self.log.fsyncs.load(Ordering::Relaxed),
         }
     }
 

@@ -11,7 +11,8 @@
 //! batch        := len u32 | crc u32 | body            (crc = CRC32C of body, len = |body|)
 //! body         := version u8 = 1 | attributes u8 = 0 | reserved u16 | count u32 | record*count
 //! record       := len u32 (whole record, this field included)
-//!                 | flags u8 (bit 0: control record, bit 1: withheld) | reserved u8 | attrs u16
+//!                 | flags u8 (bit 0: control record, bit 1: withheld, bit 2: volatile)
+//!                 | reserved u8 | attrs u16
 //!                 | timestamp i64 (ms since epoch) | partition u32
 //!                 | stream: u16 len, UTF-8 | topic: u16 len, UTF-8 (empty: none)
 //!                 | key: u32 len (0xFFFF_FFFF: null), bytes | value: u32 len, bytes
@@ -22,6 +23,10 @@
 //! total length (`value` holds them; no headers): the object-store copy of a record whose topic
 //! is kept off the store (`tier = "local"`). Positions, lengths and queue offsets stay those of
 //! the original; readers treat it as data that is gone.
+//!
+//! A *volatile* record belongs to a `tier = "memory"` topic: it lives for the life of the
+//! process that wrote it. Its append is acknowledged without waiting for an fsync, its
+//! object-store copy is withheld, and after a restart readers treat it as gone.
 //!
 //! All integers are little-endian. A batch is the unit of atomicity and of the CRC: recovery
 //! keeps whole batches only. `attrs` belongs to the protocol layer (MQTT QoS, retain, payload
@@ -46,6 +51,7 @@ const RECORD_FIXED_LEN: usize = 4 + 1 + 1 + 2 + 8 + 4;
 
 const FLAG_CONTROL: u8 = 1;
 const FLAG_WITHHELD: u8 = 2;
+const FLAG_VOLATILE: u8 = 4;
 const NULL_KEY: u32 = u32::MAX;
 
 /// Why bytes are not a valid batch or record.
@@ -85,6 +91,9 @@ pub struct Record {
     /// A stand-in for a record whose content was kept off the object store (see the module
     /// documentation). Never set by callers.
     pub withheld: bool,
+    /// Lives only as long as the process that appended it (a `tier = "memory"` topic; see the
+    /// module documentation).
+    pub volatile: bool,
 }
 
 impl Record {
@@ -125,7 +134,11 @@ impl Record {
         let len = self.encoded_len();
         out.reserve(len);
         out.put_u32_le(len as u32);
-        out.put_u8(if self.control { FLAG_CONTROL } else { 0 } | if self.withheld { FLAG_WITHHELD } else { 0 });
+        out.put_u8(
+            if self.control { FLAG_CONTROL } else { 0 }
+                | if self.withheld { FLAG_WITHHELD } else { 0 }
+                | if self.volatile { FLAG_VOLATILE } else { 0 },
+        );
         out.put_u8(0);
         out.put_u16_le(self.attrs);
         out.put_i64_le(self.timestamp.get());
@@ -192,6 +205,7 @@ impl Record {
             attrs,
             control: flags & FLAG_CONTROL != 0,
             withheld: flags & FLAG_WITHHELD != 0,
+            volatile: flags & FLAG_VOLATILE != 0,
         })
     }
 
@@ -211,6 +225,7 @@ impl Record {
             attrs: self.attrs,
             control: self.control,
             withheld: true,
+            volatile: self.volatile,
         }
     }
 
@@ -224,6 +239,8 @@ impl Record {
 #[derive(Debug)]
 pub struct RecordHead<'a> {
     pub control: bool,
+    /// A `tier = "memory"` record.
+    pub volatile: bool,
     pub timestamp: Timestamp,
     pub partition: Partition,
     pub stream: &'a str,
@@ -251,6 +268,7 @@ impl<'a> RecordHead<'a> {
             return Err(FormatError::Malformed("record length does not match its frame"));
         }
         let control = fixed[4] & FLAG_CONTROL != 0;
+        let volatile = fixed[4] & FLAG_VOLATILE != 0;
         let timestamp = Timestamp(i64::from_le_bytes(fixed[8..16].try_into().expect("invariant: 8 bytes")));
         let partition = Partition(le32(&fixed[16..20]));
         let utf8 = |b: &'a [u8]| std::str::from_utf8(b).map_err(|_| FormatError::Malformed("string is not UTF-8"));
@@ -264,7 +282,7 @@ impl<'a> RecordHead<'a> {
         }
         let n = le32(take(4)?) as usize;
         let value = take(n)?;
-        Ok(RecordHead { control, timestamp, partition, stream, topic, value })
+        Ok(RecordHead { control, volatile, timestamp, partition, stream, topic, value })
     }
 }
 
@@ -450,8 +468,9 @@ mod tests {
             prop::collection::vec(any::<u8>(), 0..256),
             prop::collection::vec(("[a-z]{0,6}", prop::collection::vec(any::<u8>(), 0..8)), 0..4),
             any::<u16>(),
+            any::<bool>(),
         )
-            .prop_map(|(ts, stream, p, topic, key, value, headers, attrs)| Record {
+            .prop_map(|(ts, stream, p, topic, key, value, headers, attrs, volatile)| Record {
                 timestamp: Timestamp(ts),
                 stream,
                 partition: Partition(p),
@@ -462,6 +481,7 @@ mod tests {
                 attrs,
                 control: false,
                 withheld: false,
+                volatile,
             })
     }
 
@@ -520,11 +540,12 @@ mod tests {
             attrs: 7,
             control: true,
             withheld: false,
+            volatile: true,
         };
         let enc = encode_batch(std::slice::from_ref(&r), 1 << 20).unwrap();
         let (off, len) = enc.records[0];
         let h = RecordHead::decode(&enc.frame[off as usize..(off + len) as usize]).unwrap();
-        assert!(h.control);
+        assert!(h.control && h.volatile);
         assert_eq!(
             (h.timestamp, h.partition, h.stream, h.topic, h.value),
             (r.timestamp, r.partition, "s", "a/b", &b"v"[..])

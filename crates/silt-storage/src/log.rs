@@ -50,6 +50,8 @@ pub struct Appended {
 
 pub(crate) struct PendingAppend {
     pub batch: EncodedBatch,
+    /// Every record is volatile: acknowledged once written, before any fsync.
+    pub volatile: bool,
     pub done: oneshot::Sender<Result<Appended>>,
     pub _permit: OwnedSemaphorePermit,
 }
@@ -86,6 +88,8 @@ pub(crate) struct LogShared {
     /// Positions below this are gone (retention): reads of them fail with `Expired`.
     floor: AtomicU64,
     cold: OnceLock<Arc<dyn ColdReader>>,
+    /// Fsyncs of the active segment since the log was opened.
+    pub fsyncs: AtomicU64,
 }
 
 impl LogShared {
@@ -142,6 +146,7 @@ impl LogShared {
             sealed_subscribers: Mutex::new(Vec::new()),
             fenced: AtomicBool::new(false),
             floor: AtomicU64::new(0),
+            fsyncs: AtomicU64::new(0),
             cold: OnceLock::new(),
         });
         Ok((shared, active))
@@ -424,17 +429,23 @@ impl Writer {
                 let frame = Bytes::from(p.batch.frame);
                 written += frame.len() as u64;
                 let positions = p.batch.records.iter().map(|(off, _)| at.add(u64::from(*off))).collect();
-                acks.push((p.done, Appended { positions, end: base.add(written) }));
+                acks.push((p.done, Appended { positions, end: base.add(written) }, p.volatile));
                 frames.push(frame);
             }
             if let Err(e) = self.active.append_frames(&frames) {
-                for (tx, _) in acks {
+                for (tx, _, _) in acks {
                     let _ = tx.send(Err(Error::Closed));
                 }
                 return Err(e);
             }
             self.dirty = true;
-            if cfg.fsync == FsyncPolicy::Always || force_sync {
+            // Volatile batches promise nothing past the process: answered before the fsync,
+            // and a group of them alone needs none (the next durable group's covers them).
+            let (volatile, acks): (Vec<_>, Vec<_>) = acks.into_iter().partition(|(_, _, v)| *v);
+            for (tx, appended, _) in volatile {
+                let _ = tx.send(Ok(appended));
+            }
+            if (cfg.fsync == FsyncPolicy::Always && !acks.is_empty()) || force_sync {
                 // On error the acknowledgements are dropped unanswered: their appenders see
                 // `Closed`, never a false success.
                 self.sync()?;
@@ -451,7 +462,7 @@ impl Writer {
             }
             *self.shared.end.lock().expect("invariant: lock not poisoned") = end;
             self.shared.end_moved.notify_all();
-            for (tx, appended) in acks {
+            for (tx, appended, _) in acks {
                 let _ = tx.send(Ok(appended));
             }
         }
@@ -465,6 +476,7 @@ impl Writer {
 
     fn sync(&mut self) -> Result<()> {
         self.active.sync()?;
+        self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.dirty = false;
         self.last_sync = Instant::now();
         Ok(())

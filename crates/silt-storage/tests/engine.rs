@@ -323,3 +323,43 @@ fn control_records_cannot_be_appended_from_outside() {
 fn tokio_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().build().unwrap()
 }
+
+/// `tier = "memory"` records: readable while the process that wrote them runs, acknowledged
+/// without an fsync of their own, gone after a restart, with offsets that keep counting.
+#[test]
+fn volatile_records_live_until_a_restart_and_need_no_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_with_fsync(dir.path(), FsyncPolicy::Always);
+    let volatile = |v: &str| Record { volatile: true, ..record("m", 0, "m/t", v.to_owned()) };
+    let before = s.stats().fsyncs;
+    let mut end = silt_types::LogPosition(0);
+    for i in 0..20 {
+        end = s.append_blocking(&[volatile(&format!("v{i}"))]).unwrap().end;
+    }
+    assert_eq!(s.stats().fsyncs, before, "volatile appends alone never wait for an fsync");
+    let durable = record("m", 0, "m/t", "durable");
+    end = end.max(s.append_blocking(std::slice::from_ref(&durable)).unwrap().end);
+    assert_eq!(s.stats().fsyncs, before + 1, "a durable append is fsynced");
+    s.wait_dispatched_blocking(end).unwrap();
+    let values: Vec<Bytes> = queue(&s, &topic("m/t")).into_iter().map(|r| r.value).collect();
+    assert_eq!(values.len(), 21);
+    assert_eq!((&values[0][..], &values[20][..]), (&b"v0"[..], &b"durable"[..]));
+    s.close().unwrap();
+
+    let s = open_with_fsync(dir.path(), FsyncPolicy::Always);
+    let id = s.queue_id(&topic("m/t")).unwrap().unwrap();
+    let entries = s.read_index(id, silt_types::Offset(0), 100).unwrap();
+    assert_eq!(entries.len(), 21, "the index keeps their places");
+    for (_, e) in &entries[..20] {
+        let err = s.read_record(e).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Expired, "{err}");
+    }
+    assert_eq!(s.read_record(&entries[20].1).unwrap().value, durable.value);
+    let a = s.append_blocking(&[volatile("after")]).unwrap();
+    s.wait_dispatched_blocking(a.end).unwrap();
+    let (_, next) = s.queue_bounds(id).unwrap();
+    assert_eq!(next.get(), 22, "offsets keep counting");
+    let last = s.read_index(id, silt_types::Offset(21), 1).unwrap();
+    assert_eq!(s.read_record(&last[0].1).unwrap().value, Bytes::from_static(b"after"));
+    s.close().unwrap();
+}

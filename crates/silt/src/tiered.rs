@@ -5,14 +5,18 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use silt_broker::{Broker, ObjectAck};
+use silt_broker::{Broker, TopicTiers};
 use silt_tiering::{InternalState, Tiering};
 use silt_types::LogPosition;
 
 struct Gate(Arc<Tiering>);
 
-impl ObjectAck for Gate {
-    fn required(&self, topic: &str) -> bool {
+impl TopicTiers for Gate {
+    fn memory(&self, topic: &str) -> bool {
+        self.0.policies().memory(topic)
+    }
+
+    fn object_ack(&self, topic: &str) -> bool {
         self.0.object_ack(topic)
     }
 
@@ -62,8 +66,9 @@ impl InternalState for Internal {
 }
 
 pub fn wire(broker: &Arc<Broker>, tiering: &Arc<Tiering>, rt: tokio::runtime::Handle) {
-    if tiering.policies().any_object_ack() {
-        broker.set_object_ack(Arc::new(Gate(tiering.clone())));
+    let policies = tiering.policies();
+    if policies.any_object_ack() || policies.any_memory_tier() {
+        broker.set_tiers(Arc::new(Gate(tiering.clone())));
     }
     tiering.set_internal_state(Arc::new(Internal { broker: Arc::downgrade(broker), rt, last_dump: Mutex::new(None) }));
     let t = tiering.clone();

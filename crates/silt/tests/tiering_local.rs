@@ -106,3 +106,81 @@ fn retention_deletes_old_objects_but_keeps_retained_messages_and_sessions() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "after", "the session resumed where it was");
     silt.stop();
 }
+
+/// Resumes the persistent session `id` on `filters` and returns "topic payload" lines until
+/// `count` arrived or 3 s passed without one.
+fn resume(port: u16, id: &str, filters: &[&str], count: usize) -> Vec<String> {
+    let mut args: Vec<String> = ["-p", &port.to_string(), "-i", id, "-c", "-q", "1", "-F", "%t %p", "-W", "3"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for f in filters {
+        args.extend(["-t".into(), f.to_string()]);
+    }
+    if count > 0 {
+        args.extend(["-C".into(), count.to_string()]);
+    }
+    let out = Command::new("mosquitto_sub").args(&args).output().expect("mosquitto_sub");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+/// Whether any object under the store holds `needle`.
+fn store_holds(store: &Path, needle: &[u8]) -> bool {
+    let segments = store.join("segments");
+    std::fs::read_dir(&segments).is_ok_and(|d| {
+        d.filter_map(Result::ok)
+            .any(|e| std::fs::read(e.path()).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle)))
+    })
+}
+
+#[test]
+fn memory_tier_messages_are_delivered_while_the_broker_runs_and_gone_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("bucket");
+    let cfg = dir.path().join("silt.toml");
+    std::fs::write(
+        &cfg,
+        "[storage]\nsegment_max_age_ms = 200\n[mqtt]\nsys_interval_secs = 0\n\
+         [[topics]]\nmatch = \"mem/#\"\ntier = \"memory\"\n",
+    )
+    .unwrap();
+    let url = format!("file://{}", store.display());
+    let args = ["--config", cfg.to_str().unwrap(), "--object-store", &url];
+    let data = dir.path().join("data");
+    let silt = Silt::start_with(&data, &args);
+    let filters = ["mem/#", "disk/#"];
+    assert!(resume(silt.port, "mem-keeper", &filters, 0).is_empty());
+
+    // While the broker runs, memory topics behave like any other: an offline session gets them
+    // in order with the durable ones, and retained messages are there.
+    publish(silt.port, "mem/t", "volatile-1", false);
+    publish(silt.port, "disk/t", "durable-1", false);
+    publish(silt.port, "mem/r", "volatile-retained", true);
+    assert_eq!(
+        resume(silt.port, "mem-keeper", &filters, 3),
+        ["mem/t volatile-1", "disk/t durable-1", "mem/r volatile-retained"]
+    );
+    assert_eq!(retained(silt.port, "mem/r").as_deref(), Some("volatile-retained"));
+    publish(silt.port, "mem/t", "volatile-2", false);
+    publish(silt.port, "disk/t", "durable-2", false);
+
+    // The bucket gets the durable messages and never the memory ones.
+    let t = Instant::now();
+    while !store_holds(&store, b"durable-2") {
+        assert!(t.elapsed() < Duration::from_secs(30), "durable-2 never reached the store");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for payload in ["volatile-1", "volatile-2", "volatile-retained"] {
+        assert!(!store_holds(&store, payload.as_bytes()), "{payload} was uploaded");
+    }
+
+    // After a restart they are gone: the session gets the durable message only, and the
+    // retained memory message is no longer there; numbering and new messages carry on.
+    silt.stop();
+    let silt = Silt::start_with(&data, &args);
+    assert_eq!(resume(silt.port, "mem-keeper", &filters, 0), ["disk/t durable-2"]);
+    assert_eq!(retained(silt.port, "mem/r"), None);
+    publish(silt.port, "mem/t", "volatile-3", false);
+    assert_eq!(resume(silt.port, "mem-keeper", &filters, 1), ["mem/t volatile-3"]);
+    silt.stop();
+}
