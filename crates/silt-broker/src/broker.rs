@@ -190,6 +190,24 @@ impl Session {
 
 pub type SessionRef = Arc<tokio::sync::Mutex<Session>>;
 
+/// A held per-filter lock ([`Broker::lock_filter`]).
+struct FilterLock<'a> {
+    broker: &'a Broker,
+    filter: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for FilterLock<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // Clones are taken under the map's lock: a count of one is the map's own reference.
+        let mut locks = self.broker.filter_locks.lock().expect("invariant: lock not poisoned");
+        if locks.get(&self.filter).is_some_and(|l| Arc::strong_count(l) == 1) {
+            locks.remove(&self.filter);
+        }
+    }
+}
+
 struct Owner {
     conn: ConnId,
     kick: Arc<Notify>,
@@ -225,8 +243,11 @@ pub struct Broker {
     state: Mutex<State>,
     retained: RwLock<RetainedStore>,
     next_conn: AtomicU64,
-    /// Serializes filter-queue reference changes with their registration in storage.
-    filter_lock: tokio::sync::Mutex<()>,
+    /// One lock per filter in use, serializing that filter's reference changes (and shared
+    /// group creation and removal) with its queue's registration in storage. Filters differ
+    /// per device in many fleets (`devices/{id}/cmd/#`): their registrations run concurrently
+    /// and share the log's group commits.
+    filter_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Per-session backlogs last published under `$SYS/broker/sessions/`.
     pub(crate) sys_backlogs: Mutex<HashMap<String, u64>>,
     /// `$SYS/broker/...` figures as last published.
@@ -360,7 +381,7 @@ impl Broker {
             state: Mutex::new(state),
             retained: RwLock::new(retained),
             next_conn: AtomicU64::new(1),
-            filter_lock: tokio::sync::Mutex::new(()),
+            filter_locks: Mutex::new(HashMap::new()),
             sys_backlogs: Mutex::new(HashMap::new()),
             sys_figures: Mutex::new(HashMap::new()),
             tiers: OnceLock::new(),
@@ -451,7 +472,7 @@ impl Broker {
         let Some((_, filter)) = parse_shared(key) else {
             return Err(silt_storage::Error::Invalid(format!("not a shared subscription: {key}")));
         };
-        let _filters = self.filter_lock.lock().await;
+        let filter_lock = self.lock_filter(&filter).await;
         let existing = self.group(key);
         let group = match existing {
             Some(g) => g,
@@ -491,7 +512,7 @@ impl Broker {
         if joined {
             group.lock().await.members += 1;
         }
-        drop(_filters);
+        drop(filter_lock);
         self.persist_group(&group).await?;
         if joined {
             self.router.add(conn, notify, &filter);
@@ -514,9 +535,10 @@ impl Broker {
     }
 
     async fn leave_group(&self, key: &str) {
-        // Under the filter lock, so that a member joining concurrently either finds the group
+        // Under the filter's lock, so that a member joining concurrently either finds the group
         // still alive or creates a new one after this one is gone.
-        let _filters = self.filter_lock.lock().await;
+        let Some((_, filter)) = parse_shared(key) else { return };
+        let _lock = self.lock_filter(&filter).await;
         let Some(group) = self.group(key) else { return };
         let empty = {
             let mut g = group.lock().await;
@@ -528,9 +550,17 @@ impl Broker {
         }
         self.state().groups.remove(key);
         let _ = self.storage.append(&[SessionSnapshot::tombstone(key, Timestamp::now())]).await;
-        if let Some((_, f)) = parse_shared(key) {
-            self.release_filter_locked(&f).await;
-        }
+        self.release_filter_locked(&filter).await;
+    }
+
+    /// Takes `filter`'s lock (see `filter_locks`); the entry goes when nobody holds or awaits it.
+    async fn lock_filter(&self, filter: &TopicFilter) -> FilterLock<'_> {
+        let lock = {
+            let mut locks = self.filter_locks.lock().expect("invariant: lock not poisoned");
+            locks.entry(filter.as_str().to_owned()).or_default().clone()
+        };
+        let guard = lock.lock_owned().await;
+        FilterLock { broker: self, filter: filter.as_str().to_owned(), guard: Some(guard) }
     }
 
     /// Persists a group's cursor.
@@ -559,9 +589,9 @@ impl Broker {
             state.sent = existing.state.sent;
             existing.state = state;
         } else {
-            // Taking a reference and registering happen under the filter lock, so a concurrent
+            // Taking a reference and registering happen under the filter's lock, so a concurrent
             // release of the last reference cannot drop the queue from under this subscription.
-            let _filters = self.filter_lock.lock().await;
+            let _lock = self.lock_filter(filter).await;
             let id = if filter.has_wildcard() {
                 Some(self.storage.register_filter(filter).await?)
             } else {
@@ -596,11 +626,11 @@ impl Broker {
 
     async fn release_filter(&self, filter: &TopicFilter) {
         // Held until the queue is dropped: see `subscribe`.
-        let _filters = self.filter_lock.lock().await;
+        let _lock = self.lock_filter(filter).await;
         self.release_filter_locked(filter).await;
     }
 
-    /// [`Self::release_filter`] for a caller that holds the filter lock.
+    /// [`Self::release_filter`] for a caller that holds the filter's lock.
     async fn release_filter_locked(&self, filter: &TopicFilter) {
         let last = {
             let mut st = self.state();
