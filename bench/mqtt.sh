@@ -13,7 +13,9 @@
 # Settings (environment): DURATION (s, 10), PUBLISHERS (50), SUBSCRIBERS (200), IDLE (5000),
 # DRAIN (100000), PAYLOAD (bytes, 128), RATE (msgs/s of the paced fan-in, 10000),
 # SILT_CONFIG (a silt.toml, e.g. to try another fsync policy), MOSQUITTO_EXTRA (config lines
-# appended to mosquitto.conf), RESULTS (where to keep the JSON lines), LOADGEN_THREADS (1).
+# appended to mosquitto.conf), RESULTS (where to keep the JSON lines), LOADGEN_THREADS (1),
+# SCENARIOS (a space-separated subset of: idle idle-subscribe fan-in-qos0 fan-in-qos1
+# fan-in-qos1-paced fan-out-qos0 fan-out-qos1 drain; all by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -105,6 +107,9 @@ stop_broker() {
   broker_pid=""
 }
 
+SCENARIOS=${SCENARIOS:-idle idle-subscribe fan-in-qos0 fan-in-qos1 fan-in-qos1-paced fan-out-qos0 fan-out-qos1 drain}
+want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
+
 run() { # scenario args...: against mosquitto, then Silt, each freshly started
   local name
   for name in mosquitto silt; do
@@ -117,13 +122,14 @@ run() { # scenario args...: against mosquitto, then Silt, each freshly started
 
 flow=(--duration "$DURATION" --payload "$PAYLOAD")
 started=$(date +%s)
-run idle --connections "$IDLE"
-run fan-in --publishers "$PUBLISHERS" --qos 0 "${flow[@]}"
-run fan-in --publishers "$PUBLISHERS" --qos 1 "${flow[@]}"
-run fan-in --publishers "$PUBLISHERS" --qos 1 --rate "$RATE" "${flow[@]}"
-run fan-out --subscribers "$SUBSCRIBERS" --qos 0 "${flow[@]}"
-run fan-out --subscribers "$SUBSCRIBERS" --qos 1 "${flow[@]}"
-run drain --messages "$DRAIN" --payload "$PAYLOAD"
+want idle && run idle --connections "$IDLE"
+want idle-subscribe && run idle --connections "$IDLE" --subscribe
+want fan-in-qos0 && run fan-in --publishers "$PUBLISHERS" --qos 0 "${flow[@]}"
+want fan-in-qos1 && run fan-in --publishers "$PUBLISHERS" --qos 1 "${flow[@]}"
+want fan-in-qos1-paced && run fan-in --publishers "$PUBLISHERS" --qos 1 --rate "$RATE" "${flow[@]}"
+want fan-out-qos0 && run fan-out --subscribers "$SUBSCRIBERS" --qos 0 "${flow[@]}"
+want fan-out-qos1 && run fan-out --subscribers "$SUBSCRIBERS" --qos 1 "${flow[@]}"
+want drain && run drain --messages "$DRAIN" --payload "$PAYLOAD"
 elapsed=$(($(date +%s) - started))
 
 echo

@@ -38,6 +38,8 @@ pub struct ConnectOptions {
     pub session_expiry: Option<u32>,
     /// Initial read buffer capacity in bytes (small for idle connections).
     pub read_buffer: usize,
+    /// A filter [`connect_many`] subscribes to (QoS 1) right after the CONNACK, timed with it.
+    pub subscribe: Option<String>,
 }
 
 impl ConnectOptions {
@@ -49,6 +51,7 @@ impl ConnectOptions {
             keep_alive: 600,
             session_expiry: None,
             read_buffer: 16 * 1024,
+            subscribe: None,
         }
     }
 }
@@ -198,7 +201,12 @@ pub async fn connect_many(
         let permit = limit.clone().acquire_owned().await.expect("invariant: the semaphore is never closed");
         tasks.spawn(async move {
             let start = Instant::now();
-            let result = Client::connect(addr, &opts).await;
+            let mut result = Client::connect(addr, &opts).await;
+            if let (Ok((client, _)), Some(filter)) = (&mut result, &opts.subscribe)
+                && let Err(e) = client.subscribe(filter, QoS::AtLeastOnce).await
+            {
+                result = Err(e);
+            }
             drop(permit);
             (i, Attempt { result, took: start.elapsed() })
         });

@@ -1,7 +1,8 @@
 //! Idle connections: open many as fast as the broker accepts them, hold them, and measure what
 //! each one costs the broker in resident memory.
 //!
-//! Connect rate counts TCP connect through CONNACK, `concurrency` handshakes at a time. RSS is
+//! Connect rate counts TCP connect through CONNACK (and, with `subscribe`, through the SUBACK
+//! of a wildcard filter of the connection's own), `concurrency` handshakes at a time. RSS is
 //! read from `/proc/PID/status` before the first connection and after a settling pause with
 //! all of them open; the difference per connection is what the broker process allocates per
 //! client (socket buffers live in the kernel and are not in RSS). Before closing,
@@ -25,6 +26,9 @@ pub struct IdleConfig {
     pub concurrency: usize,
     /// Pause with every connection open before RSS is read.
     pub settle: Duration,
+    /// Each connection also subscribes to a wildcard filter of its own
+    /// (`{prefix}/devices/{i}/cmd/#`), as a device fleet does on (re)connecting.
+    pub subscribe: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -53,6 +57,9 @@ pub async fn run(env: &Env, cfg: IdleConfig) -> anyhow::Result<IdleReport> {
     let options = (0..cfg.connections).map(|i| {
         let mut o = ConnectOptions::new(format!("{}-idle-{i}", env.prefix), env.version);
         o.read_buffer = 256;
+        if cfg.subscribe {
+            o.subscribe = Some(format!("{}/devices/{i}/cmd/#", env.prefix));
+        }
         o
     });
     let start = Instant::now();
@@ -97,7 +104,11 @@ pub async fn run(env: &Env, cfg: IdleConfig) -> anyhow::Result<IdleReport> {
     let cpu = broker_before.zip(broker_connected).and_then(|(b, a)| a.cpu_since(&b));
     Ok(IdleReport {
         scenario: "idle",
-        case: format!("idle {} connections", cfg.connections),
+        case: if cfg.subscribe {
+            format!("idle {} connections + own wildcard", cfg.connections)
+        } else {
+            format!("idle {} connections", cfg.connections)
+        },
         broker: env.label.clone(),
         connections: open,
         failed,

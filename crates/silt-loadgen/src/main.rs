@@ -152,6 +152,9 @@ struct IdleArgs {
     /// Seconds to hold every connection open before reading the broker's RSS.
     #[arg(long, default_value_t = 2.0)]
     settle: f64,
+    /// Each connection subscribes to a wildcard filter of its own after its CONNACK.
+    #[arg(long)]
+    subscribe: bool,
 }
 
 #[derive(Args, Debug)]
@@ -235,6 +238,7 @@ fn main() -> ExitCode {
                 connections: idle.connections,
                 concurrency: idle.concurrency,
                 settle: secs(idle.settle),
+                subscribe: idle.subscribe,
             }),
         ),
         Command::Drain { target, drain } => (

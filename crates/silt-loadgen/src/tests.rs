@@ -102,7 +102,7 @@ async fn paced_publishers_send_about_the_rate() {
 #[tokio::test]
 async fn idle_connections_all_answer_a_ping() {
     let Some(m) = mosquitto().await else { return };
-    let cfg = IdleConfig { connections: 200, concurrency: 20, settle: Duration::ZERO };
+    let cfg = IdleConfig { connections: 200, concurrency: 20, settle: Duration::ZERO, subscribe: true };
     let r = idle::run(&env(&m, ProtocolVersion::V3_1_1), cfg).await.unwrap();
     assert_eq!((r.connections, r.failed, r.ping_ok), (200, 0, 200));
     assert!(r.broker_rss_kib_after.is_some());
