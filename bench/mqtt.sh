@@ -134,7 +134,7 @@ elapsed=$(($(date +%s) - started))
 
 echo
 echo "Machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $(uname -sr);" \
-  "$(mosquitto -h 2>/dev/null | head -1); Silt fsync: ${SILT_CONFIG:+see $SILT_CONFIG}${SILT_CONFIG:-always (default)};" \
+  "$(mosquitto -h 2>/dev/null | head -1); Silt config: ${SILT_CONFIG:-default (fsync always)};" \
   "generator threads: $LOADGEN_THREADS; scenarios took ${elapsed} s."
 echo
 "$LOADGEN" table --reference mosquitto --subject silt "$RESULTS"
