@@ -494,6 +494,7 @@ impl Broker {
                     subscription_id: None,
                     cursor: end.get(),
                     sent: end.get(),
+                    settled: Vec::new(),
                 };
                 let mut subs = Subscriptions::default();
                 subs.subs.insert(filter.as_str().to_owned(), Subscription::new(state, queue_for(&filter)));
@@ -729,15 +730,29 @@ impl Broker {
 
     /// Appends the session's snapshot (durable under the log's fsync policy).
     pub async fn persist(&self, session: &SessionRef) -> silt_storage::Result<()> {
-        let record = {
-            let mut g = session.lock().await;
-            if !g.persistent() {
-                return Ok(());
-            }
+        self.persist_with_group(session, None).await
+    }
+
+    /// Persists the session and, in the same batch (so a crash keeps both or neither), the
+    /// shared group a delivery to it came from: a QoS 2 completion is recorded in both.
+    pub async fn persist_with_group(&self, session: &SessionRef, group: Option<&GroupRef>) -> silt_storage::Result<()> {
+        let mut records = Vec::with_capacity(2);
+        if let Some(group) = group {
+            let mut g = group.lock().await;
             g.dirty = false;
-            g.snapshot().to_record(Timestamp::now())
-        };
-        self.storage.append(&[record]).await.map(|_| ())
+            records.push(g.snapshot().to_record(Timestamp::now()));
+        }
+        {
+            let mut g = session.lock().await;
+            if g.persistent() {
+                g.dirty = false;
+                records.push(g.snapshot().to_record(Timestamp::now()));
+            }
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.storage.append(&records).await.map(|_| ())
     }
 
     /// Ends offline sessions whose expiry interval has passed.

@@ -7,8 +7,12 @@
 //!
 //! Invariants:
 //! - A subscription's `cursor` is the lowest offset not yet acknowledged (QoS 1/2) or sent
-//!   (QoS 0); everything below it is done. On resume, delivery restarts at the cursor, so
-//!   anything in flight at a disconnect or crash is sent again (with DUP set where known).
+//!   (QoS 0); everything below it is done. Offsets above it that are done too (acknowledged
+//!   out of order, or sent at QoS 0 while an earlier message waits for its acknowledgement)
+//!   are kept as ranges (`settled`), in memory and in snapshots. On resume, delivery restarts
+//!   at the cursor and skips the settled offsets, so what is in flight at a disconnect or
+//!   crash is sent again (with DUP set where known) and nothing completed is: a QoS 2 message
+//!   is never delivered twice and a QoS 0 one never more than once.
 //! - Only entries below the storage's dispatched position are merged: every queue is complete
 //!   up to there, so no message is missed by one subscription and duplicated by another.
 //!
@@ -47,6 +51,9 @@ pub struct SubscriptionState {
     /// Highest offset ever sent + 1, to set DUP on redelivery.
     #[serde(default)]
     pub sent: u64,
+    /// Offsets above the cursor already done, as half-open ranges `[start, end)` in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settled: Vec<(u64, u64)>,
 }
 
 /// A persistent session as stored in `__silt_sessions`.
@@ -200,23 +207,46 @@ pub struct Subscription {
     buf: VecDeque<(Offset, IndexEntry)>,
     /// Sent, not yet acknowledged (with the entry, to put it back if released).
     pending: BTreeMap<Offset, IndexEntry>,
-    /// Acknowledged before the pull reached them (restored in-flight deliveries completed
-    /// early): skipped when the pull gets there, never sent again.
-    done: BTreeSet<Offset>,
+    /// Done before the pull reached them (settled before a reconnect or restart, or restored
+    /// in-flight deliveries completed early): skipped when the pull gets there, never sent
+    /// again.
+    done: OffsetSet,
 }
 
 impl Subscription {
-    pub fn new(state: SubscriptionState, queue: QueueName) -> Self {
+    pub fn new(mut state: SubscriptionState, queue: QueueName) -> Self {
         let read = Offset(state.cursor);
-        Self {
-            state,
-            queue,
-            queue_id: None,
-            read,
-            buf: VecDeque::new(),
-            pending: BTreeMap::new(),
-            done: BTreeSet::new(),
+        let mut done = OffsetSet::default();
+        for (start, end) in std::mem::take(&mut state.settled) {
+            done.insert_range(start.max(state.cursor + 1), end);
         }
+        Self { state, queue, queue_id: None, read, buf: VecDeque::new(), pending: BTreeMap::new(), done }
+    }
+
+    /// The offsets above the cursor that are done: those the pull passed that are neither in
+    /// flight nor waiting in the buffer, and those settled ahead of it.
+    fn settled(&self) -> OffsetSet {
+        let mut out = self.done.clone();
+        let holes: BTreeSet<u64> = self
+            .pending
+            .keys()
+            .map(|o| o.get())
+            .chain(self.buf.iter().map(|(o, _)| o.get()).filter(|o| !self.done.contains(*o)))
+            .collect();
+        let mut at = self.state.cursor;
+        for hole in holes.into_iter().chain(std::iter::once(self.read.get())) {
+            if hole > at {
+                out.insert_range(at.max(self.state.cursor + 1), hole.min(self.read.get()));
+            }
+            at = at.max(hole + 1);
+        }
+        out.remove_below(self.state.cursor + 1);
+        out
+    }
+
+    /// The persisted state, with the settled ranges.
+    fn snapshot_state(&self) -> SubscriptionState {
+        SubscriptionState { settled: self.settled().ranges().collect(), ..self.state.clone() }
     }
 
     fn recompute_cursor(&mut self) {
@@ -319,7 +349,7 @@ impl Subscriptions {
                 if s.pending.contains_key(o) {
                     continue; // held by a restored in-flight delivery
                 }
-                if s.done.remove(o) {
+                if s.done.remove(o.get()) {
                     s.recompute_cursor(); // a restored delivery completed before the pull got here
                     continue;
                 }
@@ -373,7 +403,7 @@ impl Subscriptions {
                     || (s.buf.front().is_some_and(|(o, _)| o <= off)
                         && s.buf.binary_search_by_key(off, |(o, _)| *o).is_ok());
                 if unpulled {
-                    s.done.insert(*off);
+                    s.done.insert_range(off.get(), off.get() + 1);
                 }
                 s.recompute_cursor();
             }
@@ -405,18 +435,79 @@ impl Subscriptions {
         }
     }
 
-    /// Forgets in-flight state so delivery restarts at the cursors (after a reconnect).
+    /// Forgets in-flight state so delivery restarts at the cursors (after a reconnect); what
+    /// was settled above them stays settled.
     pub fn rewind(&mut self) {
         for s in self.subs.values_mut() {
+            let settled = s.settled();
             s.pending.clear();
-            s.done.clear();
             s.buf.clear();
+            s.done = settled;
             s.read = Offset(s.state.cursor);
         }
     }
 
     pub fn states(&self) -> Vec<SubscriptionState> {
-        self.subs.values().map(|s| s.state.clone()).collect()
+        self.subs.values().map(Subscription::snapshot_state).collect()
+    }
+}
+
+/// Offsets as disjoint, non-adjacent half-open ranges `[start, end)`, keyed by start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OffsetSet(BTreeMap<u64, u64>);
+
+impl OffsetSet {
+    pub fn contains(&self, o: u64) -> bool {
+        self.0.range(..=o).next_back().is_some_and(|(_, &end)| o < end)
+    }
+
+    /// Adds `[start, end)`, merging with the ranges it overlaps or touches.
+    pub fn insert_range(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
+        }
+        if let Some((&s, &e)) = self.0.range(..=start).next_back()
+            && e >= start
+        {
+            start = s;
+            end = end.max(e);
+        }
+        let covered: Vec<u64> = self.0.range(start..=end).map(|(&s, _)| s).collect();
+        for s in covered {
+            let e = self.0.remove(&s).expect("invariant: listed above");
+            end = end.max(e);
+        }
+        self.0.insert(start, end);
+    }
+
+    /// Removes `o`; returns whether it was there.
+    pub fn remove(&mut self, o: u64) -> bool {
+        let Some((&start, &end)) = self.0.range(..=o).next_back().filter(|(_, e)| o < **e) else {
+            return false;
+        };
+        self.0.remove(&start);
+        if start < o {
+            self.0.insert(start, o);
+        }
+        if o + 1 < end {
+            self.0.insert(o + 1, end);
+        }
+        true
+    }
+
+    /// Drops every offset below `o`.
+    pub fn remove_below(&mut self, o: u64) {
+        let below: Vec<(u64, u64)> = self.0.range(..o).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in below {
+            self.0.remove(&s);
+            if e > o {
+                self.0.insert(o, e);
+            }
+        }
+    }
+
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.0.iter().map(|(&s, &e)| (s, e))
     }
 }
 

@@ -132,6 +132,53 @@ impl Raw {
     }
 }
 
+/// A QoS 2 message completed while an earlier one is still in flight is never delivered
+/// again: not after a reconnect, not after kill -9. The earlier one is resent as it was.
+#[test]
+fn a_qos2_message_completed_out_of_order_is_not_redelivered_after_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let (mut sub, _) = Raw::connect(silt.port, "q2-out-of-order", true);
+    sub.subscribe("ooo/+", QoS::ExactlyOnce);
+    let (mut publisher, _) = Raw::connect(silt.port, "q2-ooo-pub", true);
+    publisher.publish_qos2("ooo/a", 1, b"first");
+    publisher.publish_qos2("ooo/a", 2, b"second");
+    let (a, b) = (sub.recv_publish(), sub.recv_publish());
+    assert_eq!((&a.payload[..], &b.payload[..]), (&b"first"[..], &b"second"[..]));
+    // Complete the second only; the first stays unanswered.
+    let id_b = b.packet_id.unwrap();
+    sub.send(Packet::PubRec(PubResponse::new(id_b)));
+    assert!(matches!(sub.recv(), Some(Packet::PubRel(r)) if r.packet_id == id_b));
+    sub.send(Packet::PubComp(PubResponse::new(id_b)));
+    // A PINGREQ is answered only after the PUBCOMP before it was handled.
+    sub.send(Packet::PingReq);
+    assert!(matches!(sub.recv(), Some(Packet::PingResp)));
+
+    // A reconnect: the first again, the second not.
+    drop(sub);
+    let (mut sub, present) = Raw::connect(silt.port, "q2-out-of-order", false);
+    assert!(present);
+    let again = sub.recv_publish();
+    assert_eq!((again.packet_id, again.dup, &again.payload[..]), (a.packet_id, true, &b"first"[..]));
+    assert!(sub.quiet_for(500), "the completed message came again after a reconnect");
+
+    // A crash: the same.
+    silt.kill();
+    drop((sub, publisher));
+    let silt = Silt::start(dir.path());
+    let (mut sub, present) = Raw::connect(silt.port, "q2-out-of-order", false);
+    assert!(present);
+    let again = sub.recv_publish();
+    assert_eq!((again.packet_id, again.dup, &again.payload[..]), (a.packet_id, true, &b"first"[..]));
+    assert!(sub.quiet_for(500), "the completed message came again after kill -9");
+    let id_a = again.packet_id.unwrap();
+    sub.send(Packet::PubRec(PubResponse::new(id_a)));
+    assert!(matches!(sub.recv(), Some(Packet::PubRel(r)) if r.packet_id == id_a));
+    sub.send(Packet::PubComp(PubResponse::new(id_a)));
+    assert!(sub.quiet_for(300));
+    silt.stop();
+}
+
 /// MQTT 5 §4.8.2: a QoS 1 message in flight to a shared-subscription member whose connection
 /// breaks goes to another member at once, without waiting for more traffic.
 #[test]

@@ -142,6 +142,7 @@ where
                             subscription_id: sub_id,
                             cursor: 0,
                             sent: 0,
+                            settled: Vec::new(),
                         };
                         self.broker
                             .subscribe(self.conn_id, &self.wake, &mut session, &filter, state)

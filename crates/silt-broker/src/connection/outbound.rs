@@ -105,7 +105,8 @@ where
         if qos == QoS::ExactlyOnce {
             // Record the completion now rather than at the next cursor commit: a restart must
             // not resend a QoS 2 message the client has completed (it would be new to it).
-            if let Err(e) = Box::pin(self.broker.persist(&self.session)).await {
+            // A shared group's is recorded in the group's cursor too, in the same batch.
+            if let Err(e) = Box::pin(self.broker.persist_with_group(&self.session, f.group.as_ref())).await {
                 tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 completion not persisted");
             }
         }

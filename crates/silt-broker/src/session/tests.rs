@@ -32,6 +32,7 @@ fn sub(s: &Storage, subs: &mut Subscriptions, filter: &str, qos: u8) {
         subscription_id: None,
         cursor: 0,
         sent: 0,
+        settled: Vec::new(),
     };
     subs.subs.insert(filter.into(), Subscription::new(state, queue_for(&f)));
 }
@@ -123,6 +124,7 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
             subscription_id: Some(7),
             cursor: 42,
             sent: 45,
+            settled: Vec::new(),
         }],
         inbound_qos2: vec![3],
         disconnected_at: Some(1),
@@ -199,4 +201,60 @@ fn a_restored_delivery_completed_before_the_pull_reaches_it_is_not_sent_again() 
     let out = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&out), ["m2", "m3"]);
     assert_eq!(subs.subs["r/t"].state.cursor, 2, "the cursor moved past the completed ones");
+}
+
+#[test]
+fn offset_sets_merge_split_and_trim() {
+    let mut s = OffsetSet::default();
+    s.insert_range(5, 7);
+    s.insert_range(9, 10);
+    s.insert_range(7, 9); // touches both neighbours: one range
+    assert_eq!(s.ranges().collect::<Vec<_>>(), [(5, 10)]);
+    assert!(s.remove(7) && !s.remove(7));
+    assert_eq!(s.ranges().collect::<Vec<_>>(), [(5, 7), (8, 10)]);
+    assert!(s.contains(5) && s.contains(9) && !s.contains(7) && !s.contains(10));
+    s.insert_range(1, 2);
+    s.remove_below(6);
+    assert_eq!(s.ranges().collect::<Vec<_>>(), [(6, 7), (8, 10)]);
+    s.insert_range(0, 100);
+    assert_eq!(s.ranges().collect::<Vec<_>>(), [(0, 100)]);
+}
+
+/// Acknowledged out of order, or sent at QoS 0 behind a message still in flight: such
+/// messages stay done across a reconnect (rewind) and a restart (snapshot), and only what was
+/// in flight comes again.
+#[test]
+fn messages_settled_above_the_cursor_are_not_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let mut subs = Subscriptions::default();
+    sub(&s, &mut subs, "o/t", 2);
+    for (i, qos) in [2, 2, 0, 2, 2].into_iter().enumerate() {
+        publish(&s, &msg("o/t", &format!("m{i}"), qos));
+    }
+    let out = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    assert_eq!(payloads(&out), ["m0", "m1", "m2", "m3", "m4"]);
+    // m2 (QoS 0) settled when sent; m1 and m4 completed; m0 and m3 still in flight.
+    subs.settle(&out[1].settles);
+    subs.settle(&out[4].settles);
+    assert_eq!(subs.subs["o/t"].state.cursor, 0);
+    let snapshot = subs.states();
+    assert_eq!(snapshot[0].settled, [(1, 3), (4, 5)]);
+
+    subs.rewind();
+    let again = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    assert_eq!(payloads(&again), ["m0", "m3"], "after a reconnect");
+    assert!(again.iter().all(|o| o.dup));
+
+    // A restart: the subscription comes back from its snapshot.
+    let mut restored = Subscriptions::default();
+    let f = TopicFilter::new("o/t").unwrap();
+    restored.subs.insert("o/t".into(), Subscription::new(snapshot[0].clone(), queue_for(&f)));
+    let again = restored.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    assert_eq!(payloads(&again), ["m0", "m3"], "after a restart");
+    for o in &again {
+        restored.settle(&o.settles);
+    }
+    assert_eq!(restored.subs["o/t"].state.cursor, 5);
+    assert!(restored.states()[0].settled.is_empty());
 }
