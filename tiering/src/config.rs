@@ -22,7 +22,8 @@ pub struct TieringConfig {
     pub block_bytes: u64,
     /// Blocks fetched by one GET after a cache miss (read-ahead).
     pub read_ahead_blocks: u64,
-    /// Segments larger than this are uploaded in parts (multipart upload).
+    /// Segments larger than this are uploaded in parts of this size (multipart upload). Each
+    /// part is a PUT request; an upload holds up to three parts in memory.
     pub multipart_part_bytes: u64,
     /// How often retention looks for expired objects (ms).
     pub retention_check_interval_ms: u64,
@@ -43,7 +44,9 @@ impl Default for TieringConfig {
             block_cache_bytes: 64 << 20,
             block_bytes: 1 << 20,
             read_ahead_blocks: 4,
-            multipart_part_bytes: 16 << 20,
+            // 32 MiB: a default 128 MiB segment is 4 part PUTs + 2 for the upload + 2 for the
+            // manifest, under 3 write requests/s at 50 MB/s (16 MiB parts made 4.5/s).
+            multipart_part_bytes: 32 << 20,
             retention_check_interval_ms: 60_000,
             fence_check_interval_ms: 5_000,
             shutdown_upload_timeout_ms: 30_000,

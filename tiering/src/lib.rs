@@ -16,6 +16,7 @@
 
 pub mod cold;
 pub mod config;
+pub mod counted;
 pub mod footer;
 pub mod manifest;
 pub mod store;
@@ -71,9 +72,14 @@ pub struct TieringStats {
     pub upload_lag_bytes: u64,
     /// How long some written data has been waiting for upload.
     pub upload_lag_seconds: u64,
+    /// Segment objects uploaded, and their bytes.
     pub puts: u64,
     pub put_bytes: u64,
+    /// Block fetches of cold reads.
     pub gets: u64,
+    /// Requests sent to the store, as stores bill them (see [`counted::Requests`]).
+    pub write_requests: u64,
+    pub read_requests: u64,
     pub cache_hit_ratio: f64,
     pub objects: u64,
     pub deleted_objects: u64,
@@ -103,6 +109,7 @@ struct Inner {
     puts: AtomicU64,
     put_bytes: AtomicU64,
     deleted: AtomicU64,
+    requests: Arc<counted::Requests>,
 }
 
 /// Tiering for one node. Created by [`Tiering::prepare`] before the storage engine opens (it
@@ -130,7 +137,11 @@ impl Tiering {
             Some(u) => StoreUrl::parse(u).map_err(|e| Error::Config(format!("tiering.object_store: {e}")))?,
             None => StoreUrl::default_for(data_dir),
         };
-        let store = url.open().map_err(|e| Error::Config(format!("tiering.object_store: {e}")))?;
+        let requests = Arc::new(counted::Requests::default());
+        let store: Arc<dyn ObjectStore> = Arc::new(counted::Counted::new(
+            url.open().map_err(|e| Error::Config(format!("tiering.object_store: {e}")))?,
+            requests.clone(),
+        ));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("silt-tiering")
@@ -193,6 +204,7 @@ impl Tiering {
             puts: AtomicU64::new(0),
             put_bytes: AtomicU64::new(0),
             deleted: AtomicU64::new(0),
+            requests,
         });
         Ok(Tiering { handle: rt.handle().clone(), rt: Mutex::new(Some(rt)), inner, url, seeds })
     }
@@ -583,6 +595,8 @@ impl Inner {
             puts: self.puts.load(Ordering::Relaxed),
             put_bytes: self.put_bytes.load(Ordering::Relaxed),
             gets: self.cold_stats.gets.load(Ordering::Relaxed),
+            write_requests: self.requests.writes.load(Ordering::Relaxed),
+            read_requests: self.requests.reads.load(Ordering::Relaxed),
             cache_hit_ratio: if hits + misses == 0 { 1.0 } else { hits as f64 / (hits + misses) as f64 },
             objects,
             deleted_objects: self.deleted.load(Ordering::Relaxed),

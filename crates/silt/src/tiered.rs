@@ -80,6 +80,8 @@ pub fn wire(broker: &Arc<Broker>, tiering: &Arc<Tiering>, rt: tokio::runtime::Ha
             ("tiering/puts".into(), s.puts.to_string()),
             ("tiering/put_bytes".into(), s.put_bytes.to_string()),
             ("tiering/gets".into(), s.gets.to_string()),
+            ("tiering/write_requests".into(), s.write_requests.to_string()),
+            ("tiering/read_requests".into(), s.read_requests.to_string()),
             ("tiering/cache_hit_ratio".into(), format!("{:.3}", s.cache_hit_ratio)),
             ("tiering/objects".into(), s.objects.to_string()),
             ("tiering/deleted_objects".into(), s.deleted_objects.to_string()),
