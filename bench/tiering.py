@@ -14,9 +14,19 @@ release build; `silt-loadgen` for MQTT load):
 2. Upload throughput: Silt's uploader (sealed 16 MiB segments -> PUT/multipart, footer
    built, manifest committed) against raw sequential 16 MiB PUTs with boto3 to the same
    server, as MiB/s and their ratio.
+3. Requests at a steady ingest: INGEST_MB MB/s of QoS 0 across 1,000 topics (one publisher
+   each, 4 KiB payloads) with the default segment and part sizes; the store's write requests
+   per second (PUT, multipart steps, manifest versions; counted by Silt, `$SYS`) over the
+   steady part. The goal at 50 MB/s: at most 4 per second.
+4. `ack = "object"` latency beside a single PUT's: the PUBACK p50/p99 of item 1 next to the
+   latency of sequential small PUTs (1 KiB) and 16 MiB PUTs with boto3 to the same server.
+5. Cold reads: COLD_MB queued for an offline session in 16 MiB segments with no hot cache,
+   uploaded and evicted, then drained (ranged GETs through the block cache), against
+   sequential whole-object GETs of the same objects with boto3, in MiB/s.
 
 Settings (environment): DURATION (s, 10), RATE (msgs/s of the paced run, 5000), PAYLOAD
-(bytes, 256), UPLOAD_MB (256), RESULTS (JSON lines file).
+(bytes, 256), UPLOAD_MB (256), INGEST_MB (50), STEADY_S (40), COLD_MB (256), RESULTS (JSON
+lines file).
 """
 
 import json
@@ -39,6 +49,9 @@ DURATION = float(os.environ.get("DURATION", "10"))
 RATE = int(os.environ.get("RATE", "5000"))
 PAYLOAD = int(os.environ.get("PAYLOAD", "256"))
 UPLOAD_MB = int(os.environ.get("UPLOAD_MB", "256"))
+INGEST_MB = float(os.environ.get("INGEST_MB", "50"))
+STEADY_S = float(os.environ.get("STEADY_S", "40"))
+COLD_MB = int(os.environ.get("COLD_MB", "256"))
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", "/var/tmp/silt-target"))
 
 
@@ -142,6 +155,80 @@ def silt_upload_mib_s(silt_bin, loadgen, work, s3, env):
     return (last[1] - first[1]) / (1 << 20) / max(0.5, last[0] - first[0]), last[1]
 
 
+def steady_requests(silt_bin, loadgen, work, s3, env):
+    """INGEST_MB MB/s over 1,000 topics for STEADY_S seconds with the default segment (128 MiB)
+    and part (32 MiB) sizes; write requests per second between 25% and 100% of the run, and
+    the ingest and upload rates over the same span."""
+    silt = Silt(silt_bin, work, "steady", "[mqtt]\nsys_interval_secs = 1\n", f"s3://{s3.bucket}/bench-steady", env)
+    watch = SysWatch(silt.port)
+    payload = 4096
+    rate = int(INGEST_MB * 1e6 / payload)
+    load = subprocess.Popen(
+        [loadgen, "fan-in", "--addr", f"127.0.0.1:{silt.port}", "--broker", "steady", "--publishers", "1000",
+         "--qos", "0", "--rate", str(rate), "--payload", str(payload), "--duration", str(STEADY_S), "--max-lag", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    time.sleep(STEADY_S * 0.25)
+    first = (time.monotonic(), watch.get("write_requests"), watch.get("put_bytes"), watch.get("puts"))
+    report = json.loads(load.communicate()[0].strip().splitlines()[-1])
+    last = (time.monotonic(), watch.get("write_requests"), watch.get("put_bytes"), watch.get("puts"))
+    watch.close()
+    silt.stop()
+    span = last[0] - first[0]
+    return {
+        "ingest_mb_s": report["pub_msgs_per_s"] * payload / 1e6,
+        "writes_per_s": (last[1] - first[1]) / span,
+        "objects_per_s": (last[3] - first[3]) / span,
+        "upload_mb_s": (last[2] - first[2]) / 1e6 / span,
+    }
+
+
+def put_latency_ms(s3, size, n):
+    """p50 and p99 of n sequential PUTs of `size` bytes, in ms."""
+    body = os.urandom(size)
+    times = []
+    for i in range(n):
+        started = time.monotonic()
+        s3.client().put_object(Bucket=s3.bucket, Key=f"bench/latency/{size}/{i}", Body=body)
+        times.append((time.monotonic() - started) * 1000)
+    times.sort()
+    return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]
+
+
+def cold_read(silt_bin, loadgen, work, s3, env, evict=True):
+    """Drain of COLD_MB read back from the store (`evict`) or from the local segments (the
+    reference for the delivery path itself), and raw GETs of the same objects."""
+    hot = 0 if evict else 1 << 40
+    toml = ("[storage]\nsegment_bytes = 16777216\nfsync = \"never\"\ntail_cache_bytes = 1048576\n"
+            f"[mqtt]\nsys_interval_secs = 1\n[tiering]\nhot_cache_bytes = {hot}\n")
+    prefix = "bench-cold" if evict else "bench-warm"
+    silt = Silt(silt_bin, work, prefix, toml, f"s3://{s3.bucket}/{prefix}", {**env, "SILT_LOG": "info,silt_tiering=debug"})
+    watch = SysWatch(silt.port)
+    payload = 16384
+    messages = COLD_MB * (1 << 20) // payload
+    drain = subprocess.Popen(
+        [loadgen, "drain", "--addr", f"127.0.0.1:{silt.port}", "--broker", "cold", "--broker-pid",
+         str(silt.proc.pid), "--messages", str(messages), "--payload", str(payload), "--publishers", "4",
+         "--pause", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = drain.communicate()
+    time.sleep(2.5)  # the next $SYS figures
+    gets = watch.get("gets")
+    watch.close()
+    silt.stop()
+    if drain.returncode != 0:
+        raise RuntimeError(f"drain failed: {err[-2000:]}")
+    report = json.loads(out.strip().splitlines()[-1])
+    evicted = "evicted uploaded segments" in silt.log.read_text()
+    keys = [o["Key"] for page in s3.client().get_paginator("list_objects_v2").paginate(
+        Bucket=s3.bucket, Prefix=f"{prefix}/segments/") for o in page.get("Contents", [])]
+    started, got = time.monotonic(), 0
+    for k in keys:
+        got += len(s3.client().get_object(Bucket=s3.bucket, Key=k)["Body"].read())
+    raw = got / (1 << 20) / (time.monotonic() - started)
+    drained = report["unique"] * payload / (1 << 20) / max(report["drain_s"], 1e-9)
+    return {"drain_mib_s": drained, "raw_get_mib_s": raw, "gets": gets, "objects": len(keys),
+            "lost": report["lost"], "duplicates": report["duplicates"], "evicted_logged": evicted}
+
+
 def main():
     silt_bin, loadgen = build()
     work = Path(tempfile.mkdtemp(prefix="silt-tiering-bench."))
@@ -162,6 +249,11 @@ def main():
                 silt.stop()
         raw = raw_put_mib_s(s3, 8, 16 << 20)
         upload, uploaded = silt_upload_mib_s(silt_bin, loadgen, work, s3, env)
+        small_put = put_latency_ms(s3, 1024, 200)
+        big_put = put_latency_ms(s3, 16 << 20, 10)
+        steady = steady_requests(silt_bin, loadgen, work, s3, env)
+        cold = cold_read(silt_bin, loadgen, work, s3, env, evict=True)
+        warm = cold_read(silt_bin, loadgen, work, s3, env, evict=False)
     finally:
         s3.stop()
     print(f"\nMachine: {os.cpu_count()} CPUs, {os.uname().sysname} {os.uname().release}; SeaweedFS weed mini on "
@@ -176,6 +268,28 @@ def main():
         print(f"| Silt uploader (16 MiB segments) | not measured ({uploaded / (1 << 20):.0f} MiB uploaded) | |")
     else:
         print(f"| Silt uploader (16 MiB segments, footer, manifest commit) | {upload:.1f} | {upload / raw:.2f} |")
+    acks = {}
+    for line in open(results):
+        r = json.loads(line)
+        if r.get("broker") == "s3-ack-object":
+            acks[r["case"]] = r["ack_latency_us"]
+    print("\n| latency | p50 ms | p99 ms |\n|---|---:|---:|")
+    print(f"| boto3 PUT, 1 KiB, sequential (200) | {small_put[0]:.1f} | {small_put[1]:.1f} |")
+    print(f"| boto3 PUT, 16 MiB, sequential (10) | {big_put[0]:.1f} | {big_put[1]:.1f} |")
+    for case, a in acks.items():
+        print(f"| Silt PUBACK, ack = \"object\", {case} | {a['p50'] / 1000:.1f} | {a['p99'] / 1000:.1f} |")
+    print(f"\nSteady ingest, 1,000 topics, 4 KiB QoS 0: {steady['ingest_mb_s']:.1f} MB/s in, "
+          f"{steady['upload_mb_s']:.1f} MB/s uploaded, {steady['writes_per_s']:.2f} write requests/s "
+          f"({steady['objects_per_s']:.2f} segment objects/s); goal at 50 MB/s: <= 4/s.")
+    print(f"\n| cold read | MiB/s | ratio |\n|---|---:|---:|")
+    print(f"| boto3 GET, whole objects, sequential ({cold['objects']}) | {cold['raw_get_mib_s']:.1f} | 1.00 |")
+    print(f"| Silt offline drain from evicted segments ({cold['gets']:.0f} GETs; lost {cold['lost']}, "
+          f"duplicates {cold['duplicates']}) | {cold['drain_mib_s']:.1f} | "
+          f"{cold['drain_mib_s'] / cold['raw_get_mib_s']:.2f} |")
+    print(f"| Silt offline drain from local segments (reference; {warm['gets']:.0f} GETs) | "
+          f"{warm['drain_mib_s']:.1f} | {warm['drain_mib_s'] / cold['raw_get_mib_s']:.2f} |")
+    if not cold["evicted_logged"]:
+        print("(no eviction was logged: the drain may have read local segments)")
     print(f"\nJSON lines: {results}")
 
 

@@ -35,6 +35,9 @@ pub struct DrainConfig {
     pub idle_timeout: Duration,
     /// Give up on the whole drain after this long.
     pub max_time: Duration,
+    /// Wait between filling and draining (for instance while tiering uploads and evicts the
+    /// backlog, so the drain reads it back from the object store).
+    pub pause: Duration,
 }
 
 #[derive(Debug, Serialize)]
@@ -109,6 +112,7 @@ pub async fn run(env: &Env, cfg: DrainConfig) -> anyhow::Result<DrainReport> {
     let fill_s = fill_start.elapsed().as_secs_f64();
     let broker_queued = env.broker.map(Sample::take);
     eprintln!("{}: {acked} messages queued for the offline session in {fill_s:.2} s; draining", env.label);
+    tokio::time::sleep(cfg.pause).await;
 
     let drain_start = Instant::now();
     let (mut sub, ack) = Client::connect(env.addr, &session).await.context("reconnect")?;

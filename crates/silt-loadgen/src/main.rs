@@ -176,6 +176,9 @@ struct DrainArgs {
     /// Seconds after which filling or draining is given up.
     #[arg(long, default_value_t = 300.0)]
     max_time: f64,
+    /// Seconds to wait between filling and draining.
+    #[arg(long, default_value_t = 0.0)]
+    pause: f64,
 }
 
 fn parse_version(s: &str) -> Result<ProtocolVersion, String> {
@@ -250,6 +253,7 @@ fn main() -> ExitCode {
                 payload: drain.payload,
                 idle_timeout: secs(drain.idle_timeout),
                 max_time: secs(drain.max_time),
+                pause: secs(drain.pause),
             }),
         ),
         Command::Table { reference, subject, file } => return print_table(file, &reference, &subject),

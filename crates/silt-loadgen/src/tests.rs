@@ -119,6 +119,7 @@ async fn offline_session_drains_every_message_once() {
             payload: 32,
             idle_timeout: Duration::from_secs(5),
             max_time: Duration::from_secs(60),
+            pause: Duration::ZERO,
         };
         let r = drain::run(&env(&m, version), cfg).await.unwrap();
         assert!(r.session_present, "{version}");
