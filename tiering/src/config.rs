@@ -10,8 +10,9 @@ pub struct TieringConfig {
     /// `s3://bucket/prefix` (credentials, region and endpoint from the `AWS_*` environment or
     /// the instance role) or `file:///path`. Unset: `file://DATA_DIR/objects`.
     pub object_store: Option<String>,
-    /// Group window for `ack = "object"` topics (ms): pending acknowledgements seal the active
-    /// segment at most this often, and are answered once its object is in the store.
+    /// Group window for `ack = "object"` topics (ms): at most this often, the active segment's
+    /// new bytes are uploaded as a tail object for the pending acknowledgements, answered once
+    /// the manifest names it.
     pub object_ack_window_ms: u64,
     /// Bytes of uploaded segments kept on the local disk; older ones are evicted and read back
     /// through ranged GETs.

@@ -37,7 +37,7 @@ use tokio::sync::{Notify, watch};
 use crate::cold::{ColdStats, ColdStore, ObjectRef};
 pub use crate::config::{AckDurability, Policies, TieringConfig, TopicPolicy, TopicRule};
 use crate::footer::Footer;
-use crate::manifest::{Commit, Manifest, ManifestLog, ObjectEntry};
+use crate::manifest::{Commit, Manifest, ManifestLog, ObjectEntry, TailEntry};
 use crate::store::{StoreUrl, retry};
 
 /// The broker's view on its internal streams (sessions, retained pointers, checkpoints), which
@@ -167,7 +167,7 @@ impl Tiering {
             }
         }
         tracing::info!(
-            store = %url.describe(), epoch = mine.epoch, objects = mine.objects.len(), uploaded_end = mine.end(),
+            store = %url.describe(), epoch = mine.epoch, objects = mine.objects.len(), uploaded_end = mine.covered_end(),
             "object store ready; this node owns the prefix"
         );
         let cold_stats = Arc::new(ColdStats::default());
@@ -182,7 +182,7 @@ impl Tiering {
         for o in &mine.objects {
             cold.add(ObjectRef { base: o.base, end: o.end, key: o.key.clone() });
         }
-        let (uploaded, _) = watch::channel(mine.end());
+        let (uploaded, _) = watch::channel(mine.covered_end());
         let inner = Arc::new(Inner {
             cfg,
             store,
@@ -259,7 +259,8 @@ impl Tiering {
                         None => return,
                     },
                 };
-                if seg.base.get() < next_base.max(up.uploaded.borrow().to_owned()) {
+                let objects_end = up.manifest.lock().await.end();
+                if seg.base.get() < next_base.max(objects_end) {
                     continue; // listed and announced both; uploaded once
                 }
                 if up.fenced.load(Ordering::Acquire) {
@@ -338,9 +339,14 @@ impl Tiering {
         {
             let done = self.rt().block_on(async {
                 let end = storage.roll().await?;
+                // Segment objects, not tails: the next start then has nothing to replace.
                 let mut rx = inner.uploaded.subscribe();
-                let ok = tokio::time::timeout(timeout, rx.wait_for(|u| *u >= end.get() || end.get() == 0)).await;
-                Ok::<_, silt_storage::Error>(ok.is_ok())
+                let stored = async {
+                    while end.get() > 0 && inner.manifest.lock().await.end() < end.get() {
+                        let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
+                    }
+                };
+                Ok::<_, silt_storage::Error>(tokio::time::timeout(timeout, stored).await.is_ok())
             });
             match done {
                 Ok(true) => tracing::info!("every sealed segment is in the object store"),
@@ -419,10 +425,26 @@ impl Inner {
             min_ts: footer.min_ts,
             max_ts: footer.max_ts,
         };
-        self.commit(|m| m.objects.push(entry.clone())).await?;
+        // The tails of this segment (uploaded for object acknowledgements) are now covered.
+        let seg_end = seg.end.get();
+        let replaced: Vec<String> = {
+            let m = self.manifest.lock().await;
+            m.tails.iter().filter(|t| t.base < seg_end).map(|t| t.key.clone()).collect()
+        };
+        self.commit(|m| {
+            m.objects.push(entry.clone());
+            m.tails.retain(|t| t.base >= seg_end);
+        })
+        .await?;
         self.cold.add(ObjectRef { base, end: seg.end.get(), key });
         self.footers.lock().expect("invariant: lock not poisoned").insert(base, Arc::new(footer));
-        self.uploaded.send_replace(seg.end.get());
+        let covered = self.manifest.lock().await.covered_end();
+        self.uploaded.send_replace(covered.max(seg_end));
+        for key in replaced {
+            if let Err(e) = self.store.delete(&Path::from(key.as_str())).await {
+                tracing::warn!(error = %e, key, "a replaced tail object was not deleted");
+            }
+        }
         tracing::debug!(base, end = seg.end.get(), size, "segment uploaded");
         Ok(())
     }
@@ -475,7 +497,7 @@ impl Inner {
     }
 
     /// Publishes the next manifest version with `change` applied.
-    async fn commit(&self, change: impl Fn(&mut Manifest)) -> Result<(), Error> {
+    async fn commit(&self, change: impl FnOnce(&mut Manifest)) -> Result<(), Error> {
         let mut m = self.manifest.lock().await;
         let mut next = m.clone();
         next.version += 1;
@@ -497,7 +519,7 @@ impl Inner {
     /// holding withheld (`tier = "local"`) records, whose local copy is the only one.
     async fn evict(&self) {
         let storage = self.storage().clone();
-        let uploaded = *self.uploaded.borrow();
+        let uploaded = self.manifest.lock().await.end(); // segment objects only, not tails
         let mut segs: Vec<SealedSegment> =
             storage.sealed_segments().into_iter().filter(|s| s.end.get() <= uploaded).collect();
         segs.sort_by_key(|s| std::cmp::Reverse(s.base));
@@ -537,30 +559,82 @@ impl Inner {
         }
     }
 
-    /// Seals the active segment at most once per window while `object` publishers wait.
+    /// Uploads what `object` publishers wait for at most once per window: the written part
+    /// of the active segment not yet in the store, as tail objects the manifest names. Sealed
+    /// segments the uploader has not stored yet go first (the tails continue from them). So
+    /// object acknowledgements cost a small PUT and a manifest version per window, and leave
+    /// segments, local and uploaded, at their configured size.
     async fn ack_window(self: Arc<Self>) {
         let window = Duration::from_millis(self.cfg.object_ack_window_ms);
-        let mut sealed_to = 0u64;
         loop {
-            if self.want.load(Ordering::Acquire) <= sealed_to {
+            let covered = *self.uploaded.borrow();
+            if self.want.load(Ordering::Acquire) <= covered {
                 self.want_notify.notified().await;
-                if self.want.load(Ordering::Acquire) <= sealed_to {
-                    continue;
-                }
+                continue;
             }
-            // Gather the window's publishers, then seal once for all of them.
+            // Gather the window's publishers, then upload once for all of them.
             tokio::time::sleep(window).await;
             if self.fenced.load(Ordering::Acquire) {
                 return;
             }
-            match self.storage().roll().await {
-                Ok(end) => sealed_to = sealed_to.max(end.get()),
+            match self.upload_tail().await {
+                Ok(()) => {}
+                Err(e @ Error::Fenced { .. }) => return self.fence(&e),
                 Err(e) => {
-                    tracing::warn!(error = %e, "sealing for object acknowledgements failed");
+                    tracing::warn!(error = %e, "uploading for object acknowledgements failed");
                     tokio::time::sleep(window).await;
                 }
             }
         }
+    }
+
+    /// One round of [`Self::ack_window`]: waits for the sealed segments to be stored, then
+    /// uploads the active segment's new bytes (in pieces of at most `multipart_part_bytes`).
+    async fn upload_tail(&self) -> Result<(), Error> {
+        let storage = self.storage().clone();
+        let (active, written) = storage.active_span();
+        let objects_end = self.manifest.lock().await.end();
+        if objects_end < active.get() {
+            // Sealed segments are still on their way; the uploader's commits wake us.
+            let mut rx = self.uploaded.subscribe();
+            let _ = tokio::time::timeout(Duration::from_secs(1), rx.wait_for(|u| *u >= active.get())).await;
+            return Ok(());
+        }
+        let mut from = {
+            let m = self.manifest.lock().await;
+            m.tails.last().map_or(active.get(), |t| t.end)
+        };
+        while from < written.get() {
+            let to = written.get().min(from + self.cfg.multipart_part_bytes);
+            let s = storage.clone();
+            let bytes = tokio::task::spawn_blocking(move || s.read_log(LogPosition(from), (to - from) as usize))
+                .await
+                .map_err(|e| Error::Recovery(e.to_string()))??;
+            let key = format!("tails/{:020}-{from:020}-{:08}.bin", active.get(), self.epoch);
+            let path = Path::from(key.as_str());
+            retry("upload tail", || self.store.put(&path, PutPayload::from(bytes.clone()))).await?;
+            self.puts.fetch_add(1, Ordering::Relaxed);
+            self.put_bytes.fetch_add(to - from, Ordering::Relaxed);
+            let entry = TailEntry { key: key.clone(), base: from, end: to };
+            let mut stale = false;
+            self.commit(|m| {
+                // The segment may have been sealed and stored meanwhile: then this tail is not
+                // needed, and is not named.
+                let next = m.tails.last().map_or(m.end(), |t| t.end);
+                stale = entry.base != next;
+                if !stale {
+                    m.tails.push(entry.clone());
+                }
+            })
+            .await?;
+            if stale {
+                let _ = self.store.delete(&path).await;
+                return Ok(());
+            }
+            self.uploaded.send_replace(to);
+            from = to;
+        }
+        Ok(())
     }
 
     fn stats(&self) -> TieringStats {
@@ -783,6 +857,10 @@ async fn restore_local(
     let empty = local.is_empty() || (local.len() == 1 && local[0].1 <= silt_storage::format::SEGMENT_HEADER_LEN);
     let end = m.end();
     let rebuild = empty || !data_dir.join("index").exists();
+    let tails_ok = m.tails.first().is_none_or(|t| t.base == end) && m.tails.windows(2).all(|w| w[0].end == w[1].base);
+    if !tails_ok {
+        return Err(Error::Recovery(format!("the manifest's tails do not continue its objects (which end at {end})")));
+    }
     if !empty {
         let local_end = local.last().map_or(0, |(b, l)| b + l);
         if end > 0 && !local.iter().any(|(b, _)| *b == end) {
@@ -790,6 +868,16 @@ async fn restore_local(
                 "the data directory's log (ends at {local_end}) does not continue the object store's (ends at {end}): \
                  it was written by another node or is older than the bucket; move it away to recover from the bucket"
             )));
+        }
+        // Acknowledged for `ack = "object"` topics but lost locally (a machine crash before
+        // the fsync): the active segment comes back from its tails.
+        if !m.tails.is_empty() && local_end < m.covered_end() && local.last().is_some_and(|(b, _)| *b == end) {
+            tracing::warn!(
+                local_end,
+                bucket_end = m.covered_end(),
+                "the local log ends before the bucket's tail; restoring the active segment from it"
+            );
+            restore_tails(store, m, &log_dir).await?;
         }
         if !rebuild {
             return Ok(Vec::new());
@@ -821,7 +909,9 @@ async fn restore_local(
         .map_err(|e| Error::Recovery(format!("object {} is not a valid segment: {e}", o.key)))?;
         silt_storage::install_segment_file(&log_dir, LogPosition(o.base))?;
     }
-    if empty && end > 0 {
+    if empty && !m.tails.is_empty() {
+        restore_tails(store, m, &log_dir).await?;
+    } else if empty && end > 0 {
         silt_storage::start_segment(&log_dir, LogPosition(end))?;
     }
     if m.start == 0 {
@@ -842,6 +932,28 @@ async fn restore_local(
         .filter_map(|(k, v)| Some((footer::parse_queue_key(&k)?, Offset(v))))
         .filter(|(_, v)| v.get() > 0)
         .collect())
+}
+
+/// Rebuilds the active segment from the manifest's tails (which start with its header) and
+/// installs it in place of any local copy.
+async fn restore_tails(store: &Arc<dyn ObjectStore>, m: &Manifest, log_dir: &FsPath) -> Result<(), Error> {
+    use std::io::Write;
+    let base = m.end();
+    let staged = silt_storage::staging_path(log_dir, LogPosition(base));
+    let mut file = std::fs::File::create(&staged).map_err(|e| Error::Recovery(format!("{}: {e}", staged.display())))?;
+    for t in &m.tails {
+        let path = Path::from(t.key.as_str());
+        let bytes = retry("download tail", || async { store.get(&path).await?.bytes().await }).await?;
+        if bytes.len() as u64 != t.end - t.base {
+            return Err(Error::Recovery(format!("tail {} holds {} bytes, not {}", t.key, bytes.len(), t.end - t.base)));
+        }
+        file.write_all(&bytes).map_err(|e| Error::Recovery(format!("{}: {e}", staged.display())))?;
+    }
+    drop(file);
+    tracing::info!(base, end = m.covered_end(), tails = m.tails.len(), "active segment restored from the object store");
+    // The log's own recovery checks every batch when it opens the segment.
+    silt_storage::install_segment_file(log_dir, LogPosition(base))?;
+    Ok(())
 }
 
 /// Streams the segment part of an object (without its footer) into `to`.

@@ -10,6 +10,11 @@
 //! is a hint for finding the head without LIST: readers start from its version and probe the
 //! versions after it until one is missing. A stale hint costs a probe, never correctness.
 //! Old versions are deleted a few commits later.
+//!
+//! `tails` name the acknowledged part of the active segment for `ack = "object"` topics: raw
+//! log bytes, back to back from the end of the last segment object (the first starts with the
+//! segment's header). When the segment is sealed and uploaded as an object, the commit that
+//! names it drops its tails, and their objects are deleted.
 
 use std::sync::Arc;
 
@@ -38,6 +43,18 @@ pub struct Manifest {
     /// continues its numbering (queues with entries in `objects` are in their footers).
     #[serde(default)]
     pub queue_floors: std::collections::BTreeMap<String, u64>,
+    /// Pieces of the active segment uploaded for object acknowledgements, in order, from
+    /// [`Manifest::end`] on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tails: Vec<TailEntry>,
+}
+
+/// Log bytes `[base, end)` of the active segment, stored as they are in the segment file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TailEntry {
+    pub key: String,
+    pub base: u64,
+    pub end: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -54,9 +71,15 @@ pub struct ObjectEntry {
 }
 
 impl Manifest {
-    /// The log position just past the last uploaded byte.
+    /// The log position just past the last segment object (where the active segment starts
+    /// once every sealed segment is uploaded).
     pub fn end(&self) -> u64 {
         self.objects.last().map_or(self.start, |o| o.end)
+    }
+
+    /// The log position just past the last byte in the store, tails included.
+    pub fn covered_end(&self) -> u64 {
+        self.tails.last().map_or(self.end(), |t| t.end)
     }
 }
 

@@ -306,6 +306,11 @@ impl Storage {
         self.read_index(id, from, max)?.into_iter().map(|(o, e)| Ok((o, self.read_record(&e)?))).collect()
     }
 
+    /// The active segment's base and the log's written end (see `LogShared::active_span`).
+    pub fn active_span(&self) -> (LogPosition, LogPosition) {
+        self.log.active_span()
+    }
+
     /// Raw bytes of the log (for tiering and tests).
     pub fn read_log(&self, pos: LogPosition, len: usize) -> Result<Bytes> {
         self.log.read(pos, len)

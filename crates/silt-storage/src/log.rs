@@ -199,6 +199,14 @@ impl LogShared {
         rx
     }
 
+    /// The active segment's base and the log's written end, read together: the end lies in
+    /// that segment (at its header's end right after a roll), or is where it was sealed.
+    pub fn active_span(&self) -> (LogPosition, LogPosition) {
+        let segs = self.segments.read().expect("invariant: lock not poisoned");
+        let base = segs.last_key_value().map_or(LogPosition(0), |(_, s)| s.base);
+        (base, self.end())
+    }
+
     /// Sealed segments, oldest first (for tiering to catch up on start).
     pub fn sealed_segments(&self) -> Vec<SealedSegment> {
         let segs = self.segments.read().expect("invariant: lock not poisoned");
