@@ -551,7 +551,11 @@ class MqttClient:
             raise Closed(f"connection closed ({self.disconnect_reason})")
         info = self.c.publish(topic, payload, qos=qos, retain=retain)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
-            raise Closed(f"publish refused locally: {mqtt.error_string(info.rc)}")
+            # paho learns of a closed connection on its loop thread: name the DISCONNECT reason
+            # it got, if any, so a failure says who closed and why.
+            self.closed.wait(1)
+            raise Closed(f"publish refused locally: {mqtt.error_string(info.rc)} "
+                         f"(disconnect reason: {self.disconnect_reason})")
         tok = next(self._tokens)
         self._pending[info.mid] = tok
         self.submit_times[tok] = time.monotonic()
