@@ -3,8 +3,10 @@
 Interface under test:
 - `silt serve --config FILE --object-store s3://BUCKET/PREFIX` with AWS_ACCESS_KEY_ID,
   AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL and AWS_ALLOW_HTTP in the environment;
-- `PREFIX/manifest.json` = {"format": 1, "epoch", "writer", "objects": [{"key" (relative to
-  PREFIX, under segments/), "base", "end", "size", "min_ts", "max_ts"}]};
+- the manifest: versions `PREFIX/manifest/{version:020}.json`, whole or deltas against a
+  checkpoint, with `PREFIX/manifest.json` a copy of the newest checkpoint (the harness reads
+  the head as a node does); the head is {"format": 1, "epoch", "writer", "objects": [{"key"
+  (relative to PREFIX, under segments/), "base", "end", "size", "min_ts", "max_ts"}], "tails"};
 - `$SYS/broker/tiering/{upload_lag_bytes, upload_lag_seconds, puts, gets, cache_hit_ratio, fenced}`
   every `mqtt.sys_interval_secs`;
 - per-topic `ack` ("local" or "object") and retention from `[topic_defaults]` and `[[topics]]`.
@@ -71,7 +73,7 @@ def wait_uploaded(monitor, since, timeout=90):
 
 def check_manifest(manifest, t):
     """The manifest's shape, and every object it names exists in the bucket with its size."""
-    assert manifest is not None, "no manifest.json under the prefix"
+    assert manifest is not None, "no manifest under the prefix"
     assert manifest["format"] == 1
     assert isinstance(manifest["epoch"], int) and manifest["epoch"] >= 1
     assert isinstance(manifest["writer"], str) and manifest["writer"]
@@ -329,7 +331,7 @@ def test_store_down_ack_object(tiering):
 # --- 4 ---------------------------------------------------------------------------------------
 
 class ManifestWatcher(threading.Thread):
-    """Samples (epoch, writer) of manifest.json every 0.3 s."""
+    """Samples (epoch, writer) of the head manifest every 0.3 s."""
 
     def __init__(self, t):
         super().__init__(daemon=True)
@@ -393,7 +395,7 @@ def test_two_nodes_fence(tiering):
     mark = a.log_mark()
     b = t.node("b", config)
     after = wait_until(lambda: (m := t.manifest()) and m["epoch"] > epoch_a and m, 60,
-                       what="node b's epoch in manifest.json")
+                       what="node b's epoch in the manifest")
     epoch_b, writer_b = after["epoch"], after["writer"]
     assert writer_b != writer_a
 

@@ -901,8 +901,35 @@ class Tiering:
         return m
 
     def manifest(self, prefix=None):
-        """The prefix's manifest.json as a dict, or None while there is none."""
-        return self.s3.get_json(f"{prefix or self.prefix}/manifest.json", default=None)
+        """The prefix's head manifest as a dict, or None while there is none: read as a starting
+        node reads it (manifest.json is the newest checkpoint; the versions after it are probed
+        and deltas, which name their checkpoint in "base", applied)."""
+        prefix = prefix or self.prefix
+        for _ in range(5):
+            hint = self.s3.get_json(f"{prefix}/manifest.json", default=None)
+            head, checkpoint = hint, hint
+            version = hint["version"] + 1 if hint else 1
+            while (stored := self.s3.get_json(f"{prefix}/manifest/{version:020}.json", default=None)) is not None:
+                base = stored.get("base")
+                if base is None:
+                    checkpoint = head = stored
+                else:
+                    if not checkpoint or checkpoint["version"] != base:
+                        checkpoint = self.s3.get_json(f"{prefix}/manifest/{base:020}.json", default=None)
+                    if checkpoint is None:
+                        break  # deleted under us by a newer checkpoint: start again
+                    head = dict(stored, base=None)
+                    start = stored.get("start", 0)
+                    head["objects"] = [o for o in checkpoint.get("objects", []) + stored.get("objects", [])
+                                       if o["base"] >= start]
+                    head["queue_floors"] = {**checkpoint.get("queue_floors", {}), **stored.get("queue_floors", {})}
+                    head.pop("base")
+                version += 1
+            else:
+                newer = self.s3.get_json(f"{prefix}/manifest.json", default=None)
+                if not (newer and hint and newer["version"] >= version):
+                    return head
+        raise AssertionError(f"no stable manifest head under {prefix}")
 
     def manifest_keys(self, manifest=None):
         """Bucket keys of the objects a manifest names."""

@@ -6,10 +6,16 @@
 //! sees a newer epoch and stops writing (it is fenced). A node takes ownership at start by
 //! publishing a version with the next epoch, which fences whoever wrote before it.
 //!
-//! `manifest.json` is a copy of the newest version, rewritten after each successful commit; it
-//! is a hint for finding the head without LIST: readers start from its version and probe the
-//! versions after it until one is missing. A stale hint costs a probe, never correctness.
-//! Old versions are deleted a few commits later.
+//! Most versions are deltas: the objects added since a checkpoint (a full version written every
+//! `CHECKPOINT_EVERY` commits), the current start, queue floors changed since, and the tails.
+//! So a commit writes a few KB however many objects the prefix holds; the full list is written
+//! once per checkpoint. A delta names its checkpoint (`base`); the manifest it stands for is the
+//! checkpoint's objects from `start` on, then its own.
+//!
+//! `manifest.json` is a copy of the newest checkpoint; it is a hint for finding the head
+//! without LIST: readers start from its version and probe the versions after it until one is
+//! missing. A stale hint costs probes, never correctness. Versions older than the newest
+//! checkpoint (but the last few) are deleted when a checkpoint is written.
 //!
 //! `tails` name the acknowledged part of the active segment for `ack = "object"` topics: raw
 //! log bytes, back to back from the end of the last segment object (the first starts with the
@@ -26,7 +32,10 @@ use serde::{Deserialize, Serialize};
 use crate::store::retry;
 
 const HINT: &str = "manifest.json";
+/// Versions kept before the newest checkpoint (for readers still probing from an older hint).
 const KEEP_VERSIONS: u64 = 10;
+/// A full version every this many commits.
+const CHECKPOINT_EVERY: u64 = 64;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -47,6 +56,10 @@ pub struct Manifest {
     /// [`Manifest::end`] on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tails: Vec<TailEntry>,
+    /// Set in a stored delta: the checkpoint version it extends (see the module doc). A
+    /// manifest handed out by [`ManifestLog`] is always whole, with no `base`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<u64>,
 }
 
 /// Log bytes `[base, end)` of the active segment, stored as they are in the segment file.
@@ -93,6 +106,9 @@ pub enum Commit {
 
 pub struct ManifestLog {
     store: Arc<dyn ObjectStore>,
+    /// The newest checkpoint this writer knows (written or read), and the lowest version not
+    /// yet deleted.
+    state: tokio::sync::Mutex<(Option<Manifest>, u64)>,
 }
 
 fn version_path(v: u64) -> Path {
@@ -101,10 +117,11 @@ fn version_path(v: u64) -> Path {
 
 impl ManifestLog {
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {
-        Self { store }
+        Self { store, state: tokio::sync::Mutex::new((None, 1)) }
     }
 
-    async fn get(&self, path: &Path) -> Result<Option<Manifest>, object_store::Error> {
+    /// A stored version as written (a delta stays a delta).
+    async fn get_raw(&self, path: &Path) -> Result<Option<Manifest>, object_store::Error> {
         let got = retry("read manifest", || async { self.store.get(path).await?.bytes().await }).await;
         match got {
             Ok(b) => serde_json::from_slice(&b)
@@ -115,18 +132,67 @@ impl ManifestLog {
         }
     }
 
-    /// The newest manifest, or `None` for an empty prefix.
-    pub async fn latest(&self) -> Result<Option<Manifest>, object_store::Error> {
-        let mut head = self.get(&Path::from(HINT)).await?;
-        let mut next = head.as_ref().map_or(1, |m| m.version + 1);
-        while let Some(m) = self.get(&version_path(next)).await? {
-            next = m.version + 1;
-            head = Some(m);
-        }
-        Ok(head)
+    /// The manifest a stored version stands for, given the checkpoint it may extend.
+    fn resolve(stored: Manifest, checkpoint: Option<&Manifest>) -> Option<Manifest> {
+        let Some(base) = stored.base else { return Some(stored) };
+        let cp = checkpoint.filter(|c| c.version == base)?;
+        let mut m = stored;
+        let mut objects: Vec<ObjectEntry> = cp.objects.iter().filter(|o| o.base >= m.start).cloned().collect();
+        objects.extend(m.objects.drain(..).filter(|o| o.base >= m.start));
+        m.objects = objects;
+        let mut floors = cp.queue_floors.clone();
+        floors.append(&mut m.queue_floors);
+        m.queue_floors = floors;
+        m.base = None;
+        Some(m)
     }
 
-    /// The version after `version`, if someone published it (one GET; no LIST).
+    /// The newest manifest, or `None` for an empty prefix.
+    pub async fn latest(&self) -> Result<Option<Manifest>, object_store::Error> {
+        // A writer may delete the checkpoint a probe started from; start again from the hint.
+        for _ in 0..5 {
+            let mut checkpoint = self.get_raw(&Path::from(HINT)).await?;
+            let mut head = checkpoint.clone();
+            let mut next = head.as_ref().map_or(1, |m| m.version + 1);
+            let mut broken = false;
+            while let Some(stored) = self.get_raw(&version_path(next)).await? {
+                if stored.base.is_none() {
+                    checkpoint = Some(stored.clone());
+                } else if checkpoint.as_ref().map(|c| c.version) != stored.base {
+                    let base = stored.base.unwrap_or_default();
+                    checkpoint = self.get_raw(&version_path(base)).await?;
+                }
+                match Self::resolve(stored, checkpoint.as_ref()) {
+                    Some(m) => head = Some(m),
+                    None => {
+                        broken = true;
+                        break;
+                    }
+                }
+                next += 1;
+            }
+            // A writer moves the hint before it deletes old versions: a hint at or past the
+            // version found missing means this probe ran into deleted ones, not the head.
+            if !broken && self.get_raw(&Path::from(HINT)).await?.is_some_and(|h| h.version >= next) {
+                broken = true;
+            }
+            if !broken {
+                let mut state = self.state.lock().await;
+                if let Some(c) = checkpoint.filter(|c| c.base.is_none()) {
+                    state.1 = state.1.max(c.version.saturating_sub(KEEP_VERSIONS + CHECKPOINT_EVERY)).max(1);
+                    state.0 = Some(c);
+                }
+                return Ok(head);
+            }
+        }
+        Err(object_store::Error::Generic {
+            store: "manifest",
+            source: "a delta's checkpoint kept disappearing while reading; is another writer busy?".into(),
+        })
+    }
+
+    /// The version after `version`, if someone published it (one GET; no LIST). Only its
+    /// header (version, epoch, writer) is meaningful: it may be a delta.
     pub async fn successor(&self, version: u64) -> Result<Option<Manifest>, object_store::Error> {
         match self.store.get(&version_path(version + 1)).await {
             Ok(r) => {
@@ -141,9 +207,34 @@ impl ManifestLog {
         }
     }
 
+    /// What to store for `m`: a delta against the known checkpoint, or (every
+    /// `CHECKPOINT_EVERY` versions, or with no checkpoint known) `m` whole.
+    fn stored_form(m: &Manifest, checkpoint: Option<&Manifest>) -> Manifest {
+        match checkpoint {
+            Some(cp) if m.version > cp.version && m.version - cp.version < CHECKPOINT_EVERY => {
+                let cp_end = cp.end();
+                let floors = m
+                    .queue_floors
+                    .iter()
+                    .filter(|(k, v)| cp.queue_floors.get(*k) != Some(*v))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect();
+                Manifest {
+                    objects: m.objects.iter().filter(|o| o.base >= cp_end).cloned().collect(),
+                    queue_floors: floors,
+                    base: Some(cp.version),
+                    ..m.clone()
+                }
+            }
+            _ => Manifest { base: None, ..m.clone() },
+        }
+    }
+
     /// Publishes `m` as version `m.version`, unless someone else did first.
     pub async fn commit(&self, m: &Manifest) -> Result<Commit, object_store::Error> {
-        let body = Bytes::from(serde_json::to_vec_pretty(m).expect("invariant: the manifest serializes"));
+        let mut state = self.state.lock().await;
+        let stored = Self::stored_form(m, state.0.as_ref());
+        let body = Bytes::from(serde_json::to_vec_pretty(&stored).expect("invariant: the manifest serializes"));
         let path = version_path(m.version);
         let opts = || PutOptions { mode: PutMode::Create, ..PutOptions::default() };
         let put =
@@ -152,6 +243,7 @@ impl ManifestLog {
             Ok(_) => {}
             Err(object_store::Error::AlreadyExists { .. }) => {
                 // Our own earlier attempt may have landed before its response was lost.
+                drop(state);
                 let newest = self.latest().await?.unwrap_or_default();
                 if newest.version == m.version && newest.epoch == m.epoch && newest.writer == m.writer {
                     return Ok(Commit::Done);
@@ -160,11 +252,16 @@ impl ManifestLog {
             }
             Err(e) => return Err(e),
         }
-        if let Err(e) = self.store.put(&Path::from(HINT), PutPayload::from_bytes(body)).await {
-            tracing::warn!(error = %e, "manifest hint not updated; readers will probe forward");
-        }
-        if m.version > KEEP_VERSIONS {
-            let _ = self.store.delete(&version_path(m.version - KEEP_VERSIONS)).await;
+        if stored.base.is_none() {
+            if let Err(e) = self.store.put(&Path::from(HINT), PutPayload::from_bytes(body)).await {
+                tracing::warn!(error = %e, "manifest hint not updated; readers will probe forward");
+            }
+            let keep_from = m.version.saturating_sub(KEEP_VERSIONS);
+            for v in state.1..keep_from {
+                let _ = self.store.delete(&version_path(v)).await;
+            }
+            state.1 = state.1.max(keep_from);
+            state.0 = Some(stored);
         }
         Ok(Commit::Done)
     }
@@ -179,6 +276,57 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(d.path()).unwrap());
         (d, s)
+    }
+
+    fn object(base: u64) -> ObjectEntry {
+        ObjectEntry { key: format!("segments/{base:020}"), base, end: base + 100, size: 120, min_ts: 0, max_ts: 0 }
+    }
+
+    /// A writer commits 200 versions (objects added, retention moving the start, queue floors,
+    /// tails): a reader starting cold finds each head whole; stored versions are deltas but for
+    /// one checkpoint every 64; old versions are deleted.
+    #[tokio::test]
+    async fn deltas_and_checkpoints_give_back_the_whole_manifest() {
+        let (d, s) = store();
+        let writer = ManifestLog::new(s.clone());
+        let mut m = Manifest { format: 1, epoch: 1, writer: "w".into(), ..Manifest::default() };
+        for v in 1..=200u64 {
+            m.version = v;
+            m.objects.push(object(v * 100));
+            if v % 30 == 0 {
+                // Retention: the oldest ten objects go, and a queue's floor is recorded.
+                m.start = m.objects[10].base;
+                m.objects.drain(..10);
+                m.queue_floors.insert(format!("t:gone/{v}"), v);
+            }
+            m.tails = if v % 2 == 0 {
+                vec![TailEntry { key: format!("tails/{v}"), base: m.end(), end: m.end() + 7 }]
+            } else {
+                vec![]
+            };
+            assert!(matches!(writer.commit(&m).await.unwrap(), Commit::Done));
+            if v % 37 == 0 || v == 200 {
+                let reader = ManifestLog::new(s.clone());
+                assert_eq!(reader.latest().await.unwrap().as_ref(), Some(&m), "version {v}");
+            }
+        }
+        let stored: Vec<Manifest> = std::fs::read_dir(d.path().join("manifest"))
+            .unwrap()
+            .map(|e| serde_json::from_slice(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+            .collect();
+        assert!(stored.len() <= (KEEP_VERSIONS + CHECKPOINT_EVERY) as usize, "{} versions kept", stored.len());
+        let full = stored.iter().filter(|v| v.base.is_none()).count();
+        assert!((1..=2).contains(&full), "{full} full versions among {}", stored.len());
+        let biggest_delta = stored.iter().filter(|v| v.base.is_some()).map(|v| v.objects.len()).max().unwrap();
+        assert!(biggest_delta < CHECKPOINT_EVERY as usize, "a delta lists {biggest_delta} objects");
+        // The writer's next start reads the same head and writes deltas against it.
+        let restarted = ManifestLog::new(s.clone());
+        let head = restarted.latest().await.unwrap().unwrap();
+        m.version = 201;
+        m.epoch = 2;
+        assert_eq!(head.version, 200);
+        assert!(matches!(restarted.commit(&m).await.unwrap(), Commit::Done));
+        assert_eq!(ManifestLog::new(s).latest().await.unwrap(), Some(m));
     }
 
     #[tokio::test]

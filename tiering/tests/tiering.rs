@@ -73,8 +73,13 @@ impl Node {
     }
 }
 
+/// The head manifest of a store, read as a starting node reads it (hint, then the versions
+/// after it, deltas applied).
 fn manifest(store: &Path) -> Manifest {
-    serde_json::from_slice(&std::fs::read(store.join("manifest.json")).unwrap()).unwrap()
+    let fs = object_store::local::LocalFileSystem::new_with_prefix(store).unwrap();
+    let log = silt_tiering::manifest::ManifestLog::new(Arc::new(fs));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(log.latest()).unwrap().expect("a manifest")
 }
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {

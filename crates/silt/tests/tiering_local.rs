@@ -30,8 +30,12 @@ fn retained(port: u16, topic: &str) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// The head manifest, read as a starting node reads it (the hint, then the versions after it).
 fn manifest(store: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(store.join("manifest.json")).unwrap()).unwrap()
+    let fs = object_store::local::LocalFileSystem::new_with_prefix(store).unwrap();
+    let log = silt_tiering::manifest::ManifestLog::new(std::sync::Arc::new(fs));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    serde_json::to_value(rt.block_on(log.latest()).unwrap().expect("a manifest")).unwrap()
 }
 
 fn keys(manifest: &serde_json::Value) -> Vec<String> {
