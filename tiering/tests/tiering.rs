@@ -82,6 +82,14 @@ fn manifest(store: &Path) -> Manifest {
     rt.block_on(log.latest()).unwrap().expect("a manifest")
 }
 
+/// Whether any segment object in the store holds `needle`.
+fn store_holds(store: &Path, needle: &[u8]) -> bool {
+    std::fs::read_dir(store.join("segments"))
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .any(|object| object.windows(needle.len()).any(|w| w == needle))
+}
+
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
@@ -303,11 +311,7 @@ fn memory_tier_records_stay_off_the_store_and_hold_no_segment_back() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sealed = rt.block_on(node.storage.roll()).unwrap();
     rt.block_on(node.tiering.wait_uploaded(sealed)).unwrap();
-    let objects: Vec<u8> = std::fs::read_dir(store.path().join("segments"))
-        .unwrap()
-        .flat_map(|e| std::fs::read(e.unwrap().path()).unwrap())
-        .collect();
-    let has = |needle: &[u8]| objects.windows(needle.len()).any(|w| w == needle);
+    let has = |needle: &[u8]| store_holds(store.path(), needle);
     assert!(has(b"shared-1") && !has(&secret), "the object carries stand-ins for memory records");
     // Unlike `tier = "local"`, the segment is evicted (its memory records die with the process
     // anyway); the shared records are read back from the store.
@@ -334,11 +338,7 @@ fn local_tier_messages_stay_off_the_store_and_keep_their_offsets() {
     rt.block_on(node.tiering.wait_uploaded(sealed)).unwrap();
     // The object holds the shared messages but not the local ones; the local segment, their
     // only copy, is not evicted even with no hot cache.
-    let objects: Vec<u8> = std::fs::read_dir(store.path().join("segments"))
-        .unwrap()
-        .flat_map(|e| std::fs::read(e.unwrap().path()).unwrap())
-        .collect();
-    let has = |needle: &[u8]| objects.windows(needle.len()).any(|w| w == needle);
+    let has = |needle: &[u8]| store_holds(store.path(), needle);
     assert!(has(b"shared-1") && !has(&secret));
     assert_eq!(node.topic("raw/x").len(), 3, "still served from the local disk");
     node.stop();

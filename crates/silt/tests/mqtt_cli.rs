@@ -157,28 +157,7 @@ fn mosquitto_pub_result(port: u16, version: &str, args: &[&str]) -> (bool, Strin
 #[test]
 fn passwords_and_acls_with_the_mosquitto_clients_in_both_versions() {
     let dir = tempfile::tempdir().unwrap();
-    let passwd = dir.path().join("passwd");
-    let add = Command::new(env!("CARGO_BIN_EXE_silt"))
-        .args(["passwd"])
-        .arg(&passwd)
-        .arg("sensor")
-        .stdin(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(b"hunter2\n")?;
-            c.wait()
-        })
-        .unwrap();
-    assert!(add.success());
-    let acl = dir.path().join("acl");
-    std::fs::write(&acl, "user sensor\ntopic readwrite telemetry/#\n").unwrap();
-    let cfg = dir.path().join("silt.toml");
-    std::fs::write(
-        &cfg,
-        format!("[mqtt.auth]\npassword_file = {:?}\nacl_file = {:?}\n", passwd.display(), acl.display()),
-    )
-    .unwrap();
+    let cfg = common::sensor_auth_config(dir.path());
     let silt = Silt::start_with(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
     for version in ["mqttv311", "mqttv5"] {
         let (ok, err) =

@@ -5,13 +5,13 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use common::Silt;
+use common::{Certs, Silt, certs};
 use futures_util::{SinkExt, StreamExt};
 use silt_mqtt::{
     Connect, Packet, PacketId, ProtocolVersion, Publish, QoS, ReasonCode, Subscribe, Subscription, SubscriptionOptions,
@@ -19,7 +19,7 @@ use silt_mqtt::{
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -28,44 +28,12 @@ use tokio_tungstenite::tungstenite::{self, Message};
 const WAIT: Duration = Duration::from_secs(30);
 const V5: ProtocolVersion = ProtocolVersion::V5;
 
-/// A self-signed certificate for `localhost` and `127.0.0.1`, as PEM files in a temp dir.
-struct Certs {
-    _dir: tempfile::TempDir,
-    cert: PathBuf,
-    key: PathBuf,
-    der: CertificateDer<'static>,
-}
-
-fn certs() -> Certs {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
-    Certs { der: ck.cert.der().clone(), _dir: dir, cert, key }
-}
-
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("temp paths are UTF-8")
 }
 
-/// `silt serve` with every listener on an ephemeral port; TLS material from the flags.
 fn start(data: &Path, certs: &Certs) -> Silt {
-    Silt::start_with(
-        data,
-        &[
-            "--mqtt-tls",
-            "127.0.0.1:0",
-            "--mqtt-ws",
-            "127.0.0.1:0",
-            "--mqtt-wss",
-            "127.0.0.1:0",
-            "--tls-cert",
-            path_str(&certs.cert),
-            "--tls-key",
-            path_str(&certs.key),
-        ],
-    )
+    common::start_all_listeners(data, certs, &[])
 }
 
 // ---- mosquitto clients -------------------------------------------------------------------
@@ -141,14 +109,7 @@ impl Drop for Sub {
 // ---- an MQTT client over WebSocket ---------------------------------------------------------
 
 fn tls_connector(der: &CertificateDer<'static>) -> tokio_rustls::TlsConnector {
-    let mut roots = RootCertStore::empty();
-    roots.add(der.clone()).unwrap();
-    let config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(Arc::new(common::client_tls_config(der)))
 }
 
 /// The WebSocket upgrade on `stream`, offering `protocol` (if any) on `path`.

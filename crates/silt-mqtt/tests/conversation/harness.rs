@@ -306,6 +306,18 @@ impl World {
         self.run();
     }
 
+    /// Sends a PUBLISH whose topic name holds a wildcard (the codec would refuse to build one).
+    pub fn send_wildcard_topic(&mut self) {
+        let mut bytes = bytes::BytesMut::new();
+        Packet::Publish(Publish::new("a/b", bytes::Bytes::new()))
+            .encode(self.client.version, &mut bytes)
+            .expect("encodable");
+        let at = bytes.iter().position(|&b| b == b'b').expect("topic byte");
+        bytes[at] = b'+';
+        self.client.send_bytes(&bytes);
+        self.run();
+    }
+
     /// Whether the server ended the connection, and why.
     pub fn close_reason(&self) -> Option<&Close> {
         self.broker.closed.as_ref().map(|(r, _)| r)

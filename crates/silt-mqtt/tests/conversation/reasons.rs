@@ -3,7 +3,7 @@
 //! Information off, and never past the client's Maximum Packet Size.
 
 use silt_mqtt::server::Refusal;
-use silt_mqtt::{Connect, ConnectProperties, Packet, Publish, QoS, ReasonCode};
+use silt_mqtt::{Connect, ConnectProperties, Packet, QoS, ReasonCode};
 
 use crate::harness::{V5, V311, World, publish};
 
@@ -26,23 +26,13 @@ fn connect_with(props: ConnectProperties) -> Connect {
     c
 }
 
-/// Sends a PUBLISH whose topic name holds a wildcard (the codec would refuse to build one).
-fn send_wildcard_topic(w: &mut World) {
-    let mut bytes = bytes::BytesMut::new();
-    Packet::Publish(Publish::new("a/b", bytes::Bytes::new())).encode(V5, &mut bytes).expect("encodable");
-    let at = bytes.iter().position(|&b| b == b'b').expect("topic byte");
-    bytes[at] = b'+';
-    w.client.send_bytes(&bytes);
-    w.run();
-}
-
 #[test]
 fn refusals_say_why() {
     let mut w = World::connected(connect_with(ConnectProperties::default()));
     w.broker.deny_prefix = Some("secret");
     w.client.publish(publish("secret/a", b"x", QoS::AtLeastOnce));
     w.run();
-    send_wildcard_topic(&mut w);
+    w.send_wildcard_topic();
     assert_eq!(
         reason_strings(&w),
         [
@@ -64,7 +54,7 @@ fn acknowledgements_go_without_reason_strings_when_the_client_asks_for_no_proble
     w.broker.deny_prefix = Some("secret");
     w.client.publish(publish("secret/a", b"x", QoS::AtLeastOnce));
     w.run();
-    send_wildcard_topic(&mut w);
+    w.send_wildcard_topic();
     let strings = reason_strings(&w);
     assert_eq!(strings[0], ("PUBACK", None));
     assert_eq!(strings[1].0, "DISCONNECT");

@@ -111,3 +111,79 @@ pub fn log_bytes(data_dir: &Path) -> u64 {
         .map(|rd| rd.filter_map(|e| e.ok()).filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
         .unwrap_or(0)
 }
+
+/// Writes a `silt.toml` in `dir` enabling auth: user `sensor` with password `hunter2` (hashed by
+/// `silt passwd`) allowed `telemetry/#` only. Returns the config's path.
+pub fn sensor_auth_config(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let passwd = dir.join("passwd");
+    let mut add = Command::new(env!("CARGO_BIN_EXE_silt"))
+        .arg("passwd")
+        .arg(&passwd)
+        .arg("sensor")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("silt passwd");
+    add.stdin.take().unwrap().write_all(b"hunter2\n").unwrap();
+    assert!(add.wait().unwrap().success());
+    let acl = dir.join("acl");
+    std::fs::write(&acl, "user sensor\ntopic readwrite telemetry/#\n").unwrap();
+    let cfg = dir.join("silt.toml");
+    std::fs::write(
+        &cfg,
+        format!("[mqtt.auth]\npassword_file = {:?}\nacl_file = {:?}\n", passwd.display(), acl.display()),
+    )
+    .unwrap();
+    cfg
+}
+
+/// A rustls client configuration (ring) that trusts exactly `der`, the test's certificate.
+pub fn client_tls_config(
+    der: &tokio_rustls::rustls::pki_types::CertificateDer<'static>,
+) -> tokio_rustls::rustls::ClientConfig {
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der.clone()).unwrap();
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// A self-signed certificate for `localhost` and `127.0.0.1`, as PEM files in a temp dir.
+pub struct Certs {
+    _dir: tempfile::TempDir,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub der: tokio_rustls::rustls::pki_types::CertificateDer<'static>,
+}
+
+pub fn certs() -> Certs {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    Certs { der: ck.cert.der().clone(), _dir: dir, cert, key }
+}
+
+/// `silt serve` with every listener (TCP, TLS, WebSocket, WebSocket over TLS) on an ephemeral
+/// port, TLS material from `certs`, and `extra` arguments.
+pub fn start_all_listeners(data: &Path, certs: &Certs, extra: &[&str]) -> Silt {
+    let (cert, key) = (certs.cert.to_str().unwrap(), certs.key.to_str().unwrap());
+    let mut args = vec![
+        "--mqtt-tls",
+        "127.0.0.1:0",
+        "--mqtt-ws",
+        "127.0.0.1:0",
+        "--mqtt-wss",
+        "127.0.0.1:0",
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+    ];
+    args.extend_from_slice(extra);
+    Silt::start_with(data, &args)
+}
