@@ -290,6 +290,8 @@ impl Tiering {
         self.rt().spawn(async move { r.retention_loop().await });
         let f = inner.clone();
         self.rt().spawn(async move { f.fence_loop().await });
+        let o = inner.clone();
+        self.rt().spawn(async move { o.sweep_orphans().await });
         Ok(())
     }
 
@@ -703,6 +705,55 @@ impl Inner {
         }
     }
 
+    /// Deletes the segment and tail objects that earlier nodes (older epochs) uploaded but no
+    /// manifest names: an upload cut short by a fence, a tail that lost the race with its
+    /// segment, a delete that failed. Once this node holds the prefix, no older epoch can name
+    /// anything again, so such an object can never be needed. Objects of this node's epoch are
+    /// left alone (its own uploads in flight). Runs once, at start; this is the one LIST Silt
+    /// makes, off the read path.
+    async fn sweep_orphans(self: Arc<Self>) {
+        use futures_util::StreamExt;
+        let named: std::collections::HashSet<String> = {
+            let m = self.manifest.lock().await;
+            m.objects.iter().map(|o| o.key.clone()).chain(m.tails.iter().map(|t| t.key.clone())).collect()
+        };
+        let mut orphans = Vec::new();
+        for prefix in ["segments", "tails"] {
+            let mut listed = self.store.list(Some(&Path::from(prefix)));
+            while let Some(meta) = listed.next().await {
+                let meta = match meta {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "listing for orphan objects failed; they stay until the next start");
+                        return;
+                    }
+                };
+                let key = meta.location.to_string();
+                if named.contains(&key) {
+                    continue;
+                }
+                match object_epoch(&key) {
+                    Some(epoch) if epoch < self.epoch => orphans.push(meta.location),
+                    _ => {}
+                }
+            }
+        }
+        let mut deleted = 0u64;
+        for path in orphans {
+            if self.fenced.load(Ordering::Acquire) {
+                return;
+            }
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => deleted += 1,
+                Err(e) => tracing::debug!(error = %e, key = %path, "an orphan object was not deleted"),
+            }
+        }
+        if deleted > 0 {
+            self.deleted.fetch_add(deleted, Ordering::Relaxed);
+            tracing::info!(objects = deleted, "deleted objects earlier nodes left unnamed by any manifest");
+        }
+    }
+
     async fn retention_loop(self: Arc<Self>) {
         let every = Duration::from_millis(self.cfg.retention_check_interval_ms);
         loop {
@@ -954,6 +1005,12 @@ async fn restore_tails(store: &Arc<dyn ObjectStore>, m: &Manifest, log_dir: &FsP
     // The log's own recovery checks every batch when it opens the segment.
     silt_storage::install_segment_file(log_dir, LogPosition(base))?;
     Ok(())
+}
+
+/// The writer's epoch in a segment or tail object key (`…-{epoch:08}.seg` / `.bin`).
+fn object_epoch(key: &str) -> Option<u64> {
+    let stem = key.strip_suffix(".seg").or_else(|| key.strip_suffix(".bin"))?;
+    stem.rsplit_once('-')?.1.parse().ok()
 }
 
 /// Streams the segment part of an object (without its footer) into `to`.

@@ -243,6 +243,38 @@ fn object_acks_upload_tails_that_recover_and_give_way_to_the_sealed_segment() {
     drop(node); // fenced by the second node
 }
 
+/// Objects an earlier node uploaded but no manifest names (an upload cut short by a fence) are
+/// deleted when a node takes the prefix; named objects and the new node's own stay.
+#[test]
+fn a_new_node_deletes_the_objects_earlier_nodes_left_unnamed() {
+    let store = tempfile::tempdir().unwrap();
+    let a = tempfile::tempdir().unwrap();
+    let first = start(a.path(), cfg(store.path()), default_policies());
+    fill(&first.storage, 20);
+    first.stop(); // seals and uploads: epoch 1's named segment object
+    let named = manifest(store.path()).objects[0].key.clone();
+    for stray in
+        ["segments/00000000000099999999-00000001.seg", "tails/00000000000099999999-00000000000099999999-00000001.bin"]
+    {
+        let path = store.path().join(stray);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b"orphan").unwrap();
+    }
+    let mine = store.path().join("segments/00000000000088888888-00000002.seg");
+    std::fs::write(&mine, b"in flight").unwrap();
+
+    let b = tempfile::tempdir().unwrap();
+    let second = start(b.path(), cfg(store.path()), default_policies()); // epoch 2
+    let exists = |k: &str| store.path().join(k).exists();
+    wait_until("orphans deleted", || {
+        !exists("segments/00000000000099999999-00000001.seg")
+            && !exists("tails/00000000000099999999-00000000000099999999-00000001.bin")
+    });
+    assert!(exists(&named), "a named object stays");
+    assert!(mine.exists(), "an object of the current epoch stays");
+    second.stop();
+}
+
 #[test]
 fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
     let store = tempfile::tempdir().unwrap();
