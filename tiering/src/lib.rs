@@ -2,12 +2,16 @@
 //! local directory), which is the durable store; the local disk becomes a cache of it.
 //!
 //! - [`store`]: the store named by a URL, and retries with backoff and jitter.
+//! - [`counted`]: the store's requests counted as stores bill them.
 //! - [`footer`]: segment objects carry a footer index (topic and partition → byte ranges).
-//! - [`manifest`]: which objects hold which positions, versioned with conditional creates; a
-//!   node's epoch fences the nodes before it.
-//! - [`cold`]: reads of evicted segments through ranged GETs and a block cache.
-//! - [`Tiering`]: the uploader, the `ack = "object"` window, hot-cache eviction, retention and
-//!   recovery of an empty data directory from the bucket.
+//! - [`manifest`]: which objects hold which positions (segment objects, and tail objects of the
+//!   active segment), versioned with conditional creates as deltas against periodic
+//!   checkpoints; a node's epoch fences the nodes before it.
+//! - [`cold`]: reads of evicted segments through ranged GETs, background read-ahead and a
+//!   block cache.
+//! - [`Tiering`]: the uploader, the `ack = "object"` window (tail uploads), hot-cache
+//!   eviction, retention, the sweep of orphan objects, and recovery of an empty data directory
+//!   from the bucket.
 //!
 //! Guarantees: an object is named by the manifest only after it is wholly in the store, and
 //! `wait_uploaded(p)` resolves only once a committed manifest covers `p` — an `object` topic
