@@ -110,6 +110,14 @@ impl LogShared {
         let count = bases.len();
         for (i, (base, path)) in bases.into_iter().enumerate() {
             let last = i + 1 == count;
+            if last && segment::is_unborn(&path)? {
+                // A crash between creating the newest segment and fsyncing its header: it holds
+                // nothing (appends start after `Segment::create` returns), so start it again.
+                tracing::warn!(segment = %path.display(), "commitlog recovery: the newest segment had no header; recreated");
+                std::fs::remove_file(&path).map_err(Error::io("remove unborn segment", &path))?;
+                segments.insert(base.get(), Arc::new(Segment::create(dir, base)?));
+                continue;
+            }
             let seg = Segment::open(path, base, !last)?;
             if last {
                 let r = seg.recover(config.max_batch_bytes as usize)?;

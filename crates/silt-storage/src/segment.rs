@@ -54,6 +54,17 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(Error::io("fsync directory", dir))
 }
 
+/// Whether the segment file at `path` never got its header: no longer than a header and not
+/// starting with a valid one (a crash inside [`Segment::create`]). Such a file holds no data.
+pub fn is_unborn(path: &Path) -> Result<bool> {
+    let len = std::fs::metadata(path).map_err(Error::io("stat segment", path))?.len();
+    if len > SEGMENT_HEADER_LEN {
+        return Ok(false);
+    }
+    let bytes = std::fs::read(path).map_err(Error::io("read segment", path))?;
+    Ok(bytes.len() < SEGMENT_HEADER_LEN as usize || format::check_segment_header(&bytes).is_err())
+}
+
 impl Segment {
     /// Creates a new, empty segment file holding only the header, durably.
     pub fn create(dir: &Path, base: LogPosition) -> Result<Segment> {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::*;
 use rand::{Rng, SeedableRng};
-use silt_storage::{FsyncPolicy, Record, Storage};
+use silt_storage::{FsyncPolicy, Record, Storage, StorageConfig};
 use silt_types::{LogPosition, Offset};
 
 const THREADS: usize = 4;
@@ -233,4 +233,29 @@ fn index_ahead_of_a_cut_log_is_rebuilt() {
     let a = s.append_blocking(&[record("s", 0, "t", "new")]).unwrap();
     s.wait_dispatched_blocking(a.end).unwrap();
     assert_eq!(queue(&s, &topic("t")).len(), 3);
+}
+
+/// A crash inside a segment roll, after the next segment's file was created and before its
+/// header was written (or reached the disk): the log opens, keeps everything, and goes on in
+/// that segment. Found by `acknowledged_records_survive_sigkill` (the open failed with a
+/// corrupt segment header).
+#[test]
+fn a_segment_file_left_without_its_header_by_a_crash_is_started_again() {
+    for unborn in [&b""[..], &b"SILT"[..], &[0u8; 16][..]] {
+        let (dir, _) = damaged_log(|_, _| {});
+        let all = {
+            let s = open(dir.path());
+            s.wait_dispatched_blocking(s.stats().log_end).unwrap();
+            queue(&s, &topic("t"))
+        };
+        let log = dir.path().join("log");
+        let last = std::fs::read_dir(&log).unwrap().map(|e| e.unwrap().path()).max().unwrap();
+        let seg_base: u64 = last.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+        let end = seg_base + std::fs::metadata(&last).unwrap().len();
+        std::fs::write(log.join(format!("{end:020}.log")), unborn).unwrap();
+        assert_recovers_to(dir.path(), &all);
+    }
+    // A file longer than a header without a valid one is not a crash artefact: still refused.
+    let (dir, _) = damaged_log(|seg, _| patch(seg, |b| b[0] ^= 0xFF));
+    assert!(Storage::open(dir.path(), StorageConfig::default()).is_err());
 }
