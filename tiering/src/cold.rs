@@ -238,7 +238,10 @@ impl ColdStore {
         let w = b / self.read_ahead;
         if let Some(v) = self.cache.get(&(o.base, b)) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            self.prefetch(o, w);
+            // Once per window, as a reader enters it, not on every record read.
+            if b.is_multiple_of(self.read_ahead) {
+                self.prefetch(o, w);
+            }
             return Ok(v);
         }
         // A hit if the read-ahead had it ready, a miss if this read waited for the store.

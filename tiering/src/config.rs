@@ -212,6 +212,17 @@ impl Policies {
         self.any_memory_tier
     }
 
+    /// `(memory, object_ack)` for a publish to `topic`, with one lookup: whether it lives in
+    /// memory only (see [`Policies::memory`]) and whether its acknowledgement waits for the
+    /// object store.
+    pub fn decide(&self, topic: &str) -> (bool, bool) {
+        if !self.any_memory_tier && !self.any_object_ack {
+            return (false, false);
+        }
+        let p = self.for_topic(topic);
+        (self.any_memory_tier && !topic.starts_with("$SYS/") && p.tier == Tier::Memory, p.ack == AckDurability::Object)
+    }
+
     /// Whether `topic`'s messages live in memory only (`$SYS` figures never do: they are
     /// the broker's and follow its own rules).
     pub fn memory(&self, topic: &str) -> bool {
@@ -289,6 +300,7 @@ mod tests {
         }];
         let p = Policies::new(TopicPolicy::default(), &rules).unwrap();
         assert!(p.any_memory_tier() && p.memory("fast/1") && !p.memory("$SYS/broker/uptime"));
+        assert_eq!((p.decide("fast/1"), p.decide("$SYS/broker/uptime")), ((true, false), (false, false)));
         let none = Policies::new(TopicPolicy::default(), &[]).unwrap();
         assert!(!none.any_memory_tier() && !none.memory("fast/1"));
     }

@@ -5,190 +5,24 @@
 //! `State` (std mutex, held briefly, never across `.await`) → a `Session` (tokio mutex) →
 //! `Router` (std mutex, also taken by the dispatcher thread) → `RetainedStore` (std rwlock).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use silt_storage::{Appended, DispatchListener, Dispatched, IndexEntry, Record, Storage};
-use silt_types::{LogPosition, Offset, Timestamp, TopicFilter, TopicTrie};
+use silt_storage::{Appended, IndexEntry, Record, Storage};
+use silt_types::{LogPosition, Offset, Timestamp, TopicFilter};
 use tokio::sync::Notify;
 
 use crate::config::MqttConfig;
 use crate::internal;
 use crate::message::Message;
 use crate::retained::{RETAINED_COPY_STREAM, RETAINED_STREAM, RetainedStore};
+pub use crate::router::{ConnId, Router};
+pub use crate::session::{GroupRef, Session, SessionRef, SharedGroup};
 use crate::session::{
     SESSIONS_STREAM, SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions, parse_shared,
     queue_for,
 };
-
-/// Identifies one network connection.
-pub type ConnId = u64;
-
-/// Wakes connections whose subscriptions match a dispatched topic. Runs on the dispatcher
-/// thread: a short lock and `Notify::notify_one` only.
-#[derive(Default)]
-pub struct Router {
-    inner: Mutex<RouterInner>,
-}
-
-#[derive(Default)]
-struct RouterInner {
-    trie: TopicTrie<ConnId>,
-    conns: HashMap<ConnId, Arc<Notify>>,
-    /// How many of a connection's subscriptions route through one filter (a plain and a
-    /// shared subscription may share it); the trie entry goes when the count reaches 0.
-    refs: HashMap<(ConnId, String), usize>,
-}
-
-impl RouterInner {
-    fn release(&mut self, conn: ConnId, filter: &TopicFilter) {
-        let key = (conn, filter.as_str().to_owned());
-        match self.refs.get_mut(&key) {
-            Some(n) if *n > 1 => *n -= 1,
-            Some(_) => {
-                self.refs.remove(&key);
-                self.trie.remove(filter, &conn);
-            }
-            None => {}
-        }
-    }
-}
-
-impl Router {
-    fn add(&self, conn: ConnId, notify: &Arc<Notify>, filter: &TopicFilter) {
-        let mut r = self.inner.lock().expect("invariant: lock not poisoned");
-        r.conns.entry(conn).or_insert_with(|| notify.clone());
-        *r.refs.entry((conn, filter.as_str().to_owned())).or_default() += 1;
-        r.trie.insert(filter, conn);
-    }
-
-    fn remove(&self, conn: ConnId, filter: &TopicFilter) {
-        self.inner.lock().expect("invariant: lock not poisoned").release(conn, filter);
-    }
-
-    /// Wakes the connections subscribed through `filter` (a shared group's messages were given
-    /// back: its online members pull them).
-    fn wake(&self, filter: &TopicFilter) {
-        let r = self.inner.lock().expect("invariant: lock not poisoned");
-        for conn in r.trie.get(filter) {
-            if let Some(n) = r.conns.get(conn) {
-                n.notify_one();
-            }
-        }
-    }
-
-    fn drop_conn(&self, conn: ConnId, filters: impl Iterator<Item = TopicFilter>) {
-        let mut r = self.inner.lock().expect("invariant: lock not poisoned");
-        for f in filters {
-            r.release(conn, &f);
-        }
-        r.conns.remove(&conn);
-    }
-}
-
-impl DispatchListener for Router {
-    fn dispatched(&self, event: &Dispatched) {
-        let r = self.inner.lock().expect("invariant: lock not poisoned");
-        for topic in &event.topics {
-            r.trie.for_each_match(topic, |_, conn| {
-                if let Some(n) = r.conns.get(conn) {
-                    n.notify_one();
-                }
-            });
-        }
-    }
-}
-
-/// A session: subscriptions with cursors, and what survives a reconnect.
-#[derive(Debug)]
-pub struct Session {
-    pub client_id: String,
-    /// Session expiry interval in seconds; 0 means the session ends with the connection.
-    pub expiry_secs: u32,
-    pub subs: Subscriptions,
-    /// Inbound QoS 2 packet ids awaiting PUBREL.
-    pub inbound_qos2: BTreeSet<u16>,
-    pub disconnected_at: Option<Timestamp>,
-    /// Cursors moved since the last snapshot.
-    pub dirty: bool,
-    /// Outbound QoS 2 deliveries not yet completed, by packet id.
-    pub outbound_qos2: std::collections::BTreeMap<u16, crate::session::OutboundQos2>,
-    /// Shared-subscription memberships by `$share/{group}/{filter}`.
-    pub shared: std::collections::BTreeMap<String, SharedMembership>,
-}
-
-/// A shared-subscription group: one cursor over the filter's queue for all its members, so
-/// each message goes to one member; with every member offline the cursor keeps the backlog.
-#[derive(Debug)]
-pub struct SharedGroup {
-    pub key: String,
-    pub subs: Subscriptions,
-    /// Sessions (online or offline) that are members.
-    pub members: usize,
-    pub dirty: bool,
-}
-
-pub type GroupRef = Arc<tokio::sync::Mutex<SharedGroup>>;
-
-impl SharedGroup {
-    fn snapshot(&self) -> SessionSnapshot {
-        SessionSnapshot {
-            client_id: self.key.clone(),
-            expiry_secs: u32::MAX,
-            subscriptions: self.subs.states(),
-            ..SessionSnapshot::default()
-        }
-    }
-}
-
-impl Session {
-    fn new(client_id: &str, expiry_secs: u32) -> Self {
-        Self {
-            client_id: client_id.to_owned(),
-            expiry_secs,
-            subs: Subscriptions::default(),
-            inbound_qos2: BTreeSet::new(),
-            disconnected_at: None,
-            dirty: false,
-            outbound_qos2: std::collections::BTreeMap::new(),
-            shared: std::collections::BTreeMap::new(),
-        }
-    }
-
-    pub fn persistent(&self) -> bool {
-        self.expiry_secs > 0
-    }
-
-    pub fn snapshot(&self) -> SessionSnapshot {
-        SessionSnapshot {
-            client_id: self.client_id.clone(),
-            expiry_secs: self.expiry_secs,
-            subscriptions: self.subs.states(),
-            inbound_qos2: self.inbound_qos2.iter().copied().collect(),
-            disconnected_at: self.disconnected_at.map(Timestamp::get),
-            outbound_qos2: self.outbound_qos2.values().cloned().collect(),
-            shared: self.shared.values().cloned().collect(),
-        }
-    }
-
-    /// Whether the session keeps the shared group `key`'s in-flight delivery of `settles` (a
-    /// QoS 2 one, to be completed with this member).
-    pub fn holds_shared(&self, key: &str, settles: &[(String, Offset)]) -> bool {
-        self.outbound_qos2.values().any(|o| {
-            o.group.as_deref() == Some(key)
-                && o.settles.len() == settles.len()
-                && o.settles.iter().zip(settles).all(|((f, off), (g, o))| f == g && *off == o.get())
-        })
-    }
-
-    /// Messages waiting for this session across its subscriptions.
-    pub fn backlog(&mut self, storage: &Storage) -> u64 {
-        self.subs.subs.values_mut().map(|s| s.backlog(storage)).sum()
-    }
-}
-
-pub type SessionRef = Arc<tokio::sync::Mutex<Session>>;
 
 /// A held per-filter lock ([`Broker::lock_filter`]).
 struct FilterLock<'a> {
@@ -264,14 +98,20 @@ pub struct Broker {
 /// Extra `$SYS/broker/{name}` figures, produced on each statistics tick.
 pub type ExtraStats = Box<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
 
-/// What tiering decides per topic when a message is published.
-pub trait TopicTiers: Send + Sync + 'static {
+/// What tiering decides for a topic's messages (one policy lookup per publish).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierDecision {
     /// The topic lives in memory only (`tier = "memory"`): its records are volatile,
     /// acknowledged without an fsync and gone after a restart.
-    fn memory(&self, topic: &str) -> bool;
+    pub memory: bool,
     /// Acknowledgement durability beyond the local log: a QoS 1/2 publish to the topic is
     /// acknowledged only once `wait` resolves (the object store holds the data).
-    fn object_ack(&self, topic: &str) -> bool;
+    pub object_ack: bool,
+}
+
+/// What tiering decides per topic when a message is published.
+pub trait TopicTiers: Send + Sync + 'static {
+    fn decide(&self, topic: &str) -> TierDecision;
     fn wait(
         &self,
         end: LogPosition,
@@ -815,9 +655,11 @@ impl Broker {
     /// Hands a message to the log in order and returns a future that resolves once it is
     /// durable (and, for a retained message, once the retained index points at it).
     pub async fn submit(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
-        let ack = self.submit_local(message).await?;
+        let tiers = self.tiers.get();
+        let decision = tiers.map(|t| t.decide(&message.topic)).unwrap_or_default();
+        let ack = self.submit_local(message, decision.memory).await?;
         // QoS 0 has no acknowledgement to hold back.
-        match self.tiers.get().filter(|g| message.qos > 0 && g.object_ack(&message.topic)) {
+        match tiers.filter(|_| message.qos > 0 && decision.object_ack) {
             None => Ok(ack),
             Some(gate) => {
                 let gate = gate.clone();
@@ -906,9 +748,9 @@ impl Broker {
         Ok(())
     }
 
-    async fn submit_local(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
+    async fn submit_local(self: &Arc<Self>, message: &Message, volatile: bool) -> silt_storage::Result<AckFuture> {
         let mut record = message.to_record();
-        record.volatile = self.tiers.get().is_some_and(|t| t.memory(&message.topic));
+        record.volatile = volatile;
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         if !message.retain {
             let ack = self.storage.submit(&[record]).await?;

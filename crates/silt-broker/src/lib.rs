@@ -24,10 +24,11 @@ mod internal;
 pub mod listeners;
 pub mod message;
 pub mod retained;
+mod router;
 pub mod server;
 pub mod session;
 mod sys;
 
-pub use broker::{AckFuture, Broker, ExtraStats, Router, TopicTiers};
+pub use broker::{AckFuture, Broker, ExtraStats, Router, TierDecision, TopicTiers};
 pub use config::{MqttConfig, TlsListenerConfig, WsListenerConfig, WssListenerConfig};
 pub use message::Message;

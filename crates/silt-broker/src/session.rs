@@ -21,6 +21,7 @@
 //! else and survive deletion of the index. The last snapshot per client id wins at start-up.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -451,6 +452,96 @@ impl Subscriptions {
         self.subs.values().map(Subscription::snapshot_state).collect()
     }
 }
+
+/// A session: subscriptions with cursors, and what survives a reconnect.
+#[derive(Debug)]
+pub struct Session {
+    pub client_id: String,
+    /// Session expiry interval in seconds; 0 means the session ends with the connection.
+    pub expiry_secs: u32,
+    pub subs: Subscriptions,
+    /// Inbound QoS 2 packet ids awaiting PUBREL.
+    pub inbound_qos2: BTreeSet<u16>,
+    pub disconnected_at: Option<Timestamp>,
+    /// Cursors moved since the last snapshot.
+    pub dirty: bool,
+    /// Outbound QoS 2 deliveries not yet completed, by packet id.
+    pub outbound_qos2: std::collections::BTreeMap<u16, crate::session::OutboundQos2>,
+    /// Shared-subscription memberships by `$share/{group}/{filter}`.
+    pub shared: std::collections::BTreeMap<String, SharedMembership>,
+}
+
+/// A shared-subscription group: one cursor over the filter's queue for all its members, so
+/// each message goes to one member; with every member offline the cursor keeps the backlog.
+#[derive(Debug)]
+pub struct SharedGroup {
+    pub key: String,
+    pub subs: Subscriptions,
+    /// Sessions (online or offline) that are members.
+    pub members: usize,
+    pub dirty: bool,
+}
+
+pub type GroupRef = Arc<tokio::sync::Mutex<SharedGroup>>;
+
+impl SharedGroup {
+    pub(crate) fn snapshot(&self) -> SessionSnapshot {
+        SessionSnapshot {
+            client_id: self.key.clone(),
+            expiry_secs: u32::MAX,
+            subscriptions: self.subs.states(),
+            ..SessionSnapshot::default()
+        }
+    }
+}
+
+impl Session {
+    pub(crate) fn new(client_id: &str, expiry_secs: u32) -> Self {
+        Self {
+            client_id: client_id.to_owned(),
+            expiry_secs,
+            subs: Subscriptions::default(),
+            inbound_qos2: BTreeSet::new(),
+            disconnected_at: None,
+            dirty: false,
+            outbound_qos2: std::collections::BTreeMap::new(),
+            shared: std::collections::BTreeMap::new(),
+        }
+    }
+
+    pub fn persistent(&self) -> bool {
+        self.expiry_secs > 0
+    }
+
+    pub fn snapshot(&self) -> SessionSnapshot {
+        SessionSnapshot {
+            client_id: self.client_id.clone(),
+            expiry_secs: self.expiry_secs,
+            subscriptions: self.subs.states(),
+            inbound_qos2: self.inbound_qos2.iter().copied().collect(),
+            disconnected_at: self.disconnected_at.map(Timestamp::get),
+            outbound_qos2: self.outbound_qos2.values().cloned().collect(),
+            shared: self.shared.values().cloned().collect(),
+        }
+    }
+
+    /// Whether the session keeps the shared group `key`'s in-flight delivery of `settles` (a
+    /// QoS 2 one, to be completed with this member).
+    pub fn holds_shared(&self, key: &str, settles: &[(String, Offset)]) -> bool {
+        self.outbound_qos2.values().any(|o| {
+            o.group.as_deref() == Some(key)
+                && o.settles.len() == settles.len()
+                && o.settles.iter().zip(settles).all(|((f, off), (g, o))| f == g && *off == o.get())
+        })
+    }
+
+    /// Messages waiting for this session across its subscriptions.
+    pub fn backlog(&mut self, storage: &Storage) -> u64 {
+        self.subs.subs.values_mut().map(|s| s.backlog(storage)).sum()
+    }
+}
+
+pub type SessionRef = Arc<tokio::sync::Mutex<Session>>;
 
 /// Offsets as disjoint, non-adjacent half-open ranges `[start, end)`, keyed by start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -5,19 +5,16 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use silt_broker::{Broker, TopicTiers};
-use silt_tiering::{InternalState, Tiering};
+use silt_broker::{Broker, TierDecision, TopicTiers};
+use silt_tiering::{InternalState, Policies, Tiering};
 use silt_types::LogPosition;
 
-struct Gate(Arc<Tiering>);
+struct Gate(Arc<Tiering>, Arc<Policies>);
 
 impl TopicTiers for Gate {
-    fn memory(&self, topic: &str) -> bool {
-        self.0.policies().memory(topic)
-    }
-
-    fn object_ack(&self, topic: &str) -> bool {
-        self.0.object_ack(topic)
+    fn decide(&self, topic: &str) -> TierDecision {
+        let (memory, object_ack) = self.1.decide(topic);
+        TierDecision { memory, object_ack }
     }
 
     fn wait(&self, end: LogPosition) -> Pin<Box<dyn Future<Output = silt_storage::Result<()>> + Send>> {
@@ -68,7 +65,7 @@ impl InternalState for Internal {
 pub fn wire(broker: &Arc<Broker>, tiering: &Arc<Tiering>, rt: tokio::runtime::Handle) {
     let policies = tiering.policies();
     if policies.any_object_ack() || policies.any_memory_tier() {
-        broker.set_tiers(Arc::new(Gate(tiering.clone())));
+        broker.set_tiers(Arc::new(Gate(tiering.clone(), policies.clone())));
     }
     tiering.set_internal_state(Arc::new(Internal { broker: Arc::downgrade(broker), rt, last_dump: Mutex::new(None) }));
     let t = tiering.clone();

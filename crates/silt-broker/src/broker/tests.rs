@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use silt_storage::{Storage, StorageConfig};
+use silt_storage::{DispatchListener, Storage, StorageConfig};
 
 use super::*;
 use crate::auth::Auth;
