@@ -9,7 +9,8 @@
 //! segment file := header batch*
 //! header       := magic "SILTLOG\0" (8) | version u16 = 1 | reserved (6 zero bytes)
 //! batch        := len u32 | crc u32 | body            (crc = CRC32C of body, len = |body|)
-//! body         := version u8 = 1 | attributes u8 = 0 | reserved u16 | count u32 | record*count
+//! body         := version u8 = 1 | attributes u8 (bit 0: GAP) | reserved u16 = 0 | count u32
+//!                 | record*count
 //! record       := len u32 (whole record, this field included)
 //!                 | flags u8 (bit 0: control record, bit 1: withheld, bit 2: volatile)
 //!                 | reserved u8 | attrs u16
@@ -27,6 +28,12 @@
 //! A *volatile* record belongs to a `tier = "memory"` topic: it lives for the life of the
 //! process that wrote it. Its append is acknowledged without waiting for an fsync, its
 //! object-store copy is withheld, and after a restart readers treat it as gone.
+//!
+//! A *gap* batch (attribute bit 0 set, count 0) stands where a batch's original bytes failed
+//! their checks and were quarantined (copied aside, see the `repair` module): its body is
+//! padding and holds no records. It keeps the log walkable and every position after it where it
+//! was, so readers, dispatch and uploads treat it as a valid batch without records. A bad range
+//! longer than the largest batch is covered by several gap batches back to back ([`gap_sizes`]).
 //!
 //! All integers are little-endian. A batch is the unit of atomicity and of the CRC: recovery
 //! keeps whole batches only. `attrs` belongs to the protocol layer (MQTT QoS, retain, payload
@@ -46,6 +53,10 @@ pub const SEGMENT_HEADER_LEN: u64 = 16;
 pub const FRAME_LEN: usize = 8;
 /// Size of a batch body's header (version, attributes, reserved, count).
 pub const BODY_HEADER_LEN: usize = 8;
+/// Smallest possible batch frame: frame header and body header, no records.
+pub const MIN_FRAME_LEN: usize = FRAME_LEN + BODY_HEADER_LEN;
+/// Body attribute: the batch is a gap (see the module documentation).
+pub const ATTR_GAP: u8 = 0x01;
 /// Fixed part of a record before its variable fields.
 const RECORD_FIXED_LEN: usize = 4 + 1 + 1 + 2 + 8 + 4;
 
@@ -384,6 +395,8 @@ pub fn peek_frame(buf: &[u8], max_batch_bytes: usize) -> Result<Option<usize>, F
 pub struct BatchView {
     pub frame: Bytes,
     pub records: Vec<(u32, u32)>,
+    /// A gap batch: padding where quarantined bytes were, no records.
+    pub gap: bool,
 }
 
 impl BatchView {
@@ -394,9 +407,27 @@ impl BatchView {
     }
 }
 
-/// Verifies a whole frame (CRC, version, record framing) and indexes its records.
-pub fn check_batch(frame: Bytes, max_batch_bytes: usize) -> Result<BatchView, FormatError> {
-    let total = match peek_frame(&frame, max_batch_bytes)? {
+/// What a checked frame holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    /// A batch of this many records.
+    Records(u32),
+    /// A gap batch.
+    Gap,
+}
+
+/// Verifies a whole frame (length, CRC, version, attributes, record framing) without
+/// allocating.
+pub fn check_frame(frame: &[u8], max_batch_bytes: usize) -> Result<FrameKind, FormatError> {
+    walk_frame(frame, max_batch_bytes, |_, _| {})
+}
+
+fn walk_frame(
+    frame: &[u8],
+    max_batch_bytes: usize,
+    mut record: impl FnMut(u32, u32),
+) -> Result<FrameKind, FormatError> {
+    let total = match peek_frame(frame, max_batch_bytes)? {
         Some(n) => n,
         None => return Err(FormatError::Truncated { needed: FRAME_LEN, have: frame.len() }),
     };
@@ -408,12 +439,21 @@ pub fn check_batch(frame: Bytes, max_batch_bytes: usize) -> Result<BatchView, Fo
     if stored != computed {
         return Err(FormatError::Crc { stored, computed });
     }
-    let version = u16::from(frame[FRAME_LEN]);
+    let body = &frame[FRAME_LEN..];
+    let version = u16::from(body[0]);
     if version != FORMAT_VERSION {
         return Err(FormatError::Version(version));
     }
-    let count = u32::from_le_bytes(frame[FRAME_LEN + 4..FRAME_LEN + 8].try_into().expect("invariant: 4 bytes"));
-    let mut records = Vec::with_capacity((count as usize).min(frame.len() / RECORD_FIXED_LEN));
+    if body[1] & !ATTR_GAP != 0 || body[2..4] != [0, 0] {
+        return Err(FormatError::Malformed("unknown batch attributes"));
+    }
+    let count = u32::from_le_bytes(body[4..8].try_into().expect("invariant: 4 bytes"));
+    if body[1] & ATTR_GAP != 0 {
+        if count != 0 {
+            return Err(FormatError::Malformed("a gap batch with records"));
+        }
+        return Ok(FrameKind::Gap);
+    }
     let mut pos = FRAME_LEN + BODY_HEADER_LEN;
     for _ in 0..count {
         if frame.len() - pos < 4 {
@@ -423,13 +463,88 @@ pub fn check_batch(frame: Bytes, max_batch_bytes: usize) -> Result<BatchView, Fo
         if len < RECORD_FIXED_LEN || len > frame.len() - pos {
             return Err(FormatError::Malformed("record length out of bounds"));
         }
-        records.push((pos as u32, len as u32));
+        record(pos as u32, len as u32);
         pos += len;
     }
     if pos != frame.len() {
         return Err(FormatError::Malformed("bytes after the last record"));
     }
-    Ok(BatchView { frame, records })
+    Ok(FrameKind::Records(count))
+}
+
+/// Verifies a whole frame (see [`check_frame`]) and indexes its records.
+pub fn check_batch(frame: Bytes, max_batch_bytes: usize) -> Result<BatchView, FormatError> {
+    let mut records = Vec::new();
+    let kind = walk_frame(&frame, max_batch_bytes, |off, len| records.push((off, len)))?;
+    Ok(BatchView { frame, records, gap: kind == FrameKind::Gap })
+}
+
+/// Gap batches covering exactly `total_len` bytes, each no longer than a batch may be
+/// (`max_batch_bytes` of body, at least 1024 as the storage settings require), written back to
+/// back. `None` when `total_len` is shorter than [`MIN_FRAME_LEN`] (no frame is that short).
+pub fn gap_sizes(total_len: u64, max_batch_bytes: usize) -> Option<Vec<u64>> {
+    let min = MIN_FRAME_LEN as u64;
+    let max = (max_batch_bytes.max(BODY_HEADER_LEN) + FRAME_LEN) as u64;
+    if total_len < min {
+        return None;
+    }
+    let mut sizes = Vec::new();
+    let mut left = total_len;
+    while left > max {
+        // Never leave a remainder too short to be a frame of its own.
+        let take = if left - max < min { left - min } else { max };
+        sizes.push(take);
+        left -= take;
+    }
+    sizes.push(left);
+    Some(sizes)
+}
+
+/// One gap batch of exactly `total_len` bytes (at least [`MIN_FRAME_LEN`]): a valid frame whose
+/// CRC covers its zero padding.
+pub fn encode_gap(total_len: usize) -> Vec<u8> {
+    assert!(total_len >= MIN_FRAME_LEN, "invariant: a gap batch holds at least its headers");
+    let mut frame = vec![0u8; total_len];
+    frame[0..4].copy_from_slice(&((total_len - FRAME_LEN) as u32).to_le_bytes());
+    frame[FRAME_LEN] = FORMAT_VERSION as u8;
+    frame[FRAME_LEN + 1] = ATTR_GAP;
+    let crc = crc32c::crc32c(&frame[FRAME_LEN..]);
+    frame[4..8].copy_from_slice(&crc.to_le_bytes());
+    frame
+}
+
+/// Whether `head` (the bytes at some offset, at least [`MIN_FRAME_LEN`] of them, or fewer at
+/// the end of the data) could start a batch with `room` bytes left before the end: the cheap
+/// header filter a resync applies before it checks a CRC. Returns the frame's total length.
+pub fn frame_candidate(head: &[u8], max_batch_bytes: usize, room: u64) -> Option<usize> {
+    if head.len() < MIN_FRAME_LEN {
+        return None;
+    }
+    let body = &head[FRAME_LEN..];
+    if u16::from(body[0]) != FORMAT_VERSION || body[1] & !ATTR_GAP != 0 || body[2..4] != [0, 0] {
+        return None;
+    }
+    let len = u32::from_le_bytes(head[0..4].try_into().expect("invariant: 4 bytes")) as usize;
+    if len < BODY_HEADER_LEN || len > max_batch_bytes || (FRAME_LEN + len) as u64 > room {
+        return None;
+    }
+    let count = u32::from_le_bytes(body[4..8].try_into().expect("invariant: 4 bytes")) as usize;
+    if body[1] & ATTR_GAP != 0 {
+        return (count == 0).then_some(FRAME_LEN + len);
+    }
+    if count > (len - BODY_HEADER_LEN) / RECORD_FIXED_LEN {
+        return None;
+    }
+    if count > 0 && head.len() >= MIN_FRAME_LEN + 4 {
+        let first = u32::from_le_bytes(head[MIN_FRAME_LEN..MIN_FRAME_LEN + 4].try_into().expect("invariant: 4 bytes"));
+        if (first as usize) < RECORD_FIXED_LEN || first as usize > len - BODY_HEADER_LEN {
+            return None;
+        }
+    }
+    if count == 0 && len != BODY_HEADER_LEN {
+        return None;
+    }
+    Some(FRAME_LEN + len)
 }
 
 /// The 16-byte header every segment file starts with.
@@ -525,6 +640,55 @@ mod tests {
             frame[i] ^= 1 << bit;
             prop_assert!(check_batch(Bytes::from(frame), 1 << 24).is_err());
         }
+    }
+
+    proptest! {
+        #[test]
+        fn a_gap_batch_round_trips_as_a_valid_batch_without_records(len in MIN_FRAME_LEN..70_000usize) {
+            let frame = encode_gap(len);
+            prop_assert_eq!(frame.len(), len);
+            prop_assert_eq!(check_frame(&frame, 1 << 20), Ok(FrameKind::Gap));
+            prop_assert_eq!(frame_candidate(&frame, 1 << 20, len as u64), Some(len));
+            let view = check_batch(Bytes::from(frame), 1 << 20).unwrap();
+            prop_assert!(view.gap && view.records.is_empty());
+        }
+
+        #[test]
+        fn gap_sizes_cover_the_range_with_valid_frames(total in 0u64..200_000, max in 1024usize..5000) {
+            match gap_sizes(total, max) {
+                None => prop_assert!(total < MIN_FRAME_LEN as u64),
+                Some(sizes) => {
+                    prop_assert_eq!(sizes.iter().sum::<u64>(), total);
+                    for s in sizes {
+                        prop_assert!(s >= MIN_FRAME_LEN as u64 && s <= (max + FRAME_LEN) as u64);
+                        prop_assert_eq!(check_frame(&encode_gap(s as usize), max), Ok(FrameKind::Gap));
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn every_valid_batch_passes_the_resync_filter(records in prop::collection::vec(arb_record(), 0..6)) {
+            let frame = encode_batch(&records, 1 << 24).unwrap().frame;
+            prop_assert_eq!(frame_candidate(&frame, 1 << 24, frame.len() as u64), Some(frame.len()));
+        }
+
+        #[test]
+        fn any_flipped_bit_in_a_gap_batch_is_detected(len in MIN_FRAME_LEN..2000usize, at in any::<prop::sample::Index>(), bit in 0u8..8) {
+            let mut frame = encode_gap(len);
+            let i = at.index(frame.len());
+            frame[i] ^= 1 << bit;
+            prop_assert!(check_frame(&frame, 1 << 20).is_err());
+        }
+    }
+
+    #[test]
+    fn unknown_attributes_are_refused() {
+        let mut frame = encode_batch(&[Record::default()], 1 << 20).unwrap().frame;
+        frame[FRAME_LEN + 1] = 0x02;
+        let crc = crc32c::crc32c(&frame[FRAME_LEN..]);
+        frame[4..8].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(check_frame(&frame, 1 << 20), Err(FormatError::Malformed(_))));
     }
 
     #[test]
