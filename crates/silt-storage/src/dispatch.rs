@@ -11,6 +11,17 @@
 //! re-dispatch after a crash (or into an empty index) reproduces the index exactly. Control
 //! records in the log register and drop filter queues, which is why a filter queue created at
 //! position P indexes only records after P, however often the log is replayed.
+//!
+//! Dispatch never stops for good. A batch that fails its checks is repaired by the read path
+//! (healed, or quarantined behind a gap batch, which indexes as nothing); a record head that
+//! does not decode inside a valid batch, or a control record with an invalid filter, is
+//! skipped with a warning and counted. A round that fails otherwise (an unreachable object
+//! store holding a bad batch's copy, a RocksDB write refused on a full disk) is retried with
+//! capped backoff (100 ms to 5 s) after the in-memory state (filter trie, next queue id, queue
+//! cache) is reloaded from the index, so nothing a failed round changed leaks into the retry;
+//! repeated failures are logged once per interval with a count. Not guaranteed: offsets after a
+//! quarantined batch differ from those a dispatch of the original bytes gave (its records are
+//! gone), so a cursor saved before the corruption may skip or repeat a few messages.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -22,9 +33,10 @@ use silt_types::{LogPosition, Offset, QueueId, TopicFilter, TopicTrie};
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
-use crate::format::{self, RecordHead};
+use crate::format::RecordHead;
 use crate::index::{Index, IndexBatch, IndexEntry, QueueMeta, QueueName};
-use crate::log::LogShared;
+use crate::log::{Batch, LogShared};
+use crate::throttle::Throttle;
 
 /// Control record operations (first byte of a control record's value).
 pub(crate) const OP_REGISTER_FILTER: u8 = 1;
@@ -32,6 +44,9 @@ pub(crate) const OP_DROP_FILTER: u8 = 2;
 
 /// Most records indexed in one round (one RocksDB write).
 const MAX_ROUND_RECORDS: usize = 16_384;
+/// Backoff between failed rounds.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// What one dispatch round indexed: told to [`DispatchListener`]s after it is committed.
 #[derive(Debug, Default)]
@@ -81,6 +96,8 @@ struct Round<'a> {
     queues: Vec<QueueId>,
     topics: Vec<String>,
     ids_changed: bool,
+    /// Records skipped (counted once the round is committed).
+    skipped: u64,
 }
 
 impl Dispatcher {
@@ -92,14 +109,19 @@ impl Dispatcher {
         listeners: Vec<Arc<dyn DispatchListener>>,
         progress: watch::Sender<LogPosition>,
     ) -> Result<Self> {
-        let mut filters = TopicTrie::new();
-        for (f, meta) in index.filters()? {
-            let filter = TopicFilter::new(f).map_err(|e| Error::Invalid(format!("stored filter: {e}")))?;
-            filters.insert(&filter, FilterQueue { id: meta.id, since: meta.since });
-        }
+        let filters = load_filters(&index)?;
         let next_queue_id = index.next_queue_id()?;
         let cache = LruCache::new(NonZeroUsize::new(cache_entries).expect("invariant: validated > 0"));
         Ok(Self { log, index, cursor, cache, filters, next_queue_id, listeners, progress })
+    }
+
+    /// Forgets the in-memory state a failed round may have changed, reloading it from what the
+    /// index committed.
+    fn reload(&mut self) -> Result<()> {
+        self.filters = load_filters(&self.index)?;
+        self.next_queue_id = self.index.next_queue_id()?;
+        self.cache.clear();
+        Ok(())
     }
 
     /// Runs until `stop` says so and the log is fully indexed, then flushes the index.
@@ -112,11 +134,21 @@ impl Dispatcher {
         let flush_every = Duration::from_millis(self.log.config.index_flush_interval_ms);
         let mut last_flush = std::time::Instant::now();
         let mut unflushed = false;
+        let mut backoff = FIRST_BACKOFF;
+        let mut failures = Throttle::new(Duration::from_secs(10));
+        let mut flush_failures = Throttle::new(Duration::from_secs(10));
         loop {
             let stopping = stop.load(Ordering::Acquire);
             if unflushed && last_flush.elapsed() >= flush_every {
-                if let Err(e) = self.index.flush(false) {
-                    tracing::warn!(error = %e, "periodic index flush failed");
+                match self.index.flush(false) {
+                    Ok(()) => {
+                        flush_failures.recovered();
+                    }
+                    Err(e) => {
+                        if let Some(n) = flush_failures.failed() {
+                            tracing::warn!(error = %e, failures = n, "periodic index flush failed");
+                        }
+                    }
                 }
                 last_flush = std::time::Instant::now();
                 unflushed = false;
@@ -124,15 +156,28 @@ impl Dispatcher {
             let end = self.log.wait_end_past(self.cursor, Duration::from_millis(100));
             match self.round(end) {
                 Ok(true) => {
+                    if failures.recovered() {
+                        tracing::info!(position = %self.cursor, "dispatch goes on");
+                    }
+                    backoff = FIRST_BACKOFF;
                     unflushed = true;
                     continue;
                 }
                 Ok(false) if stopping => break,
                 Ok(false) => {}
+                Err(e) if stopping => {
+                    tracing::error!(error = %e, position = %self.cursor, "dispatch failed at shutdown; the next start re-dispatches from the checkpoint");
+                    break;
+                }
                 Err(e) => {
-                    tracing::error!(error = %e, position = %self.cursor, "dispatch failed; index stops here");
-                    self.log.fail();
-                    return;
+                    if let Some(n) = failures.failed() {
+                        tracing::warn!(error = %e, position = %self.cursor, failures = n, "dispatch round failed; retrying");
+                    }
+                    if let Err(e) = self.reload() {
+                        tracing::warn!(error = %e, "reloading the dispatcher's state from the index failed; retrying");
+                    }
+                    sleep_unless(&stop, backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
         }
@@ -161,30 +206,42 @@ impl Dispatcher {
             queues: Vec::new(),
             topics: Vec::new(),
             ids_changed: false,
+            skipped: 0,
         };
-        let max = self.log.config.max_batch_bytes as usize;
+        let start = cursor;
         let mut records = 0usize;
         while cursor < end && records < MAX_ROUND_RECORDS {
-            let frame = self.log.read_frame(cursor)?;
-            let frame_len = frame.len() as u64;
-            let view =
-                format::check_batch(frame, max).map_err(|source| Error::Corrupt { position: cursor.get(), source })?;
+            let view = match self.log.read_batch(cursor) {
+                Ok(Batch::Records(view)) => view,
+                Ok(Batch::Gap(len)) => {
+                    cursor = self.log.normalize(cursor.add(len));
+                    continue;
+                }
+                // What was indexed before is committed; the next round meets the error again.
+                Err(_) if cursor > start => break,
+                Err(e) => return Err(e),
+            };
             for &(off, len) in &view.records {
                 let pos = cursor.add(u64::from(off));
                 let bytes = &view.frame[off as usize..(off + len) as usize];
-                let head =
-                    RecordHead::decode(bytes).map_err(|source| Error::Corrupt { position: pos.get(), source })?;
-                self.dispatch_record(&mut round, pos, len, &head)?;
+                match RecordHead::decode(bytes) {
+                    Ok(head) => self.dispatch_record(&mut round, pos, len, &head)?,
+                    Err(e) => {
+                        tracing::warn!(position = %pos, error = %e, "a record in a valid batch does not decode; skipped");
+                        round.skipped += 1;
+                    }
+                }
                 records += 1;
             }
-            cursor = self.log.normalize(cursor.add(frame_len));
+            cursor = self.log.normalize(cursor.add(view.frame.len() as u64));
         }
-        let Round { batch, touched, dropped, mut queues, mut topics, ids_changed } = round;
+        let Round { batch, touched, dropped, mut queues, mut topics, ids_changed, skipped } = round;
         let mut batch = batch;
         if ids_changed {
             batch.put_next_queue_id(self.next_queue_id);
         }
         batch.commit(cursor)?;
+        self.log.repairs.skipped_records.fetch_add(skipped, std::sync::atomic::Ordering::Relaxed);
         for key in dropped {
             self.cache.pop(&key);
         }
@@ -281,11 +338,16 @@ impl Dispatcher {
     }
 
     fn control(&mut self, round: &mut Round<'_>, pos: LogPosition, value: &[u8]) -> Result<()> {
-        let (op, rest) = value.split_first().ok_or(Error::Invalid("empty control record".into()))?;
-        let filter = std::str::from_utf8(rest)
-            .ok()
-            .and_then(|s| TopicFilter::new(s).ok())
-            .ok_or(Error::Invalid("control record with an invalid filter".into()))?;
+        let Some((op, rest)) = value.split_first() else {
+            tracing::warn!(position = %pos, "an empty control record; skipped");
+            round.skipped += 1;
+            return Ok(());
+        };
+        let Some(filter) = std::str::from_utf8(rest).ok().and_then(|s| TopicFilter::new(s).ok()) else {
+            tracing::warn!(position = %pos, "a control record with an invalid filter; skipped");
+            round.skipped += 1;
+            return Ok(());
+        };
         let key = QueueName::Filter(filter.as_str().to_owned()).encode();
         let existing = match round.touched.get(&key) {
             Some(s) => Some(s.id),
@@ -311,5 +373,32 @@ impl Dispatcher {
             (other, _) => tracing::warn!(op = other, position = %pos, "unknown control record skipped"),
         }
         Ok(())
+    }
+}
+
+/// The filter queues the index holds, as a trie. A stored filter that does not parse (it
+/// cannot be there: control records with invalid filters are skipped) is left out.
+fn load_filters(index: &Index) -> Result<TopicTrie<FilterQueue>> {
+    let mut filters = TopicTrie::new();
+    for (f, meta) in index.filters()? {
+        match TopicFilter::new(f.as_str()) {
+            Ok(filter) => {
+                filters.insert(&filter, FilterQueue { id: meta.id, since: meta.since });
+            }
+            Err(e) => tracing::warn!(filter = %f, error = %e, "a stored filter queue does not parse; ignored"),
+        }
+    }
+    Ok(filters)
+}
+
+/// Sleeps for `d`, waking early when `stop` is set.
+fn sleep_unless(stop: &std::sync::atomic::AtomicBool, d: Duration) {
+    let until = std::time::Instant::now() + d;
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
     }
 }

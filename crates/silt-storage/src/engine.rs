@@ -27,7 +27,8 @@ use crate::dispatch::{DispatchListener, Dispatcher, OP_DROP_FILTER, OP_REGISTER_
 use crate::error::{Error, Result};
 use crate::format::{self, Record};
 use crate::index::{Index, IndexEntry, QueueName};
-use crate::log::{Appended, ColdReader, LogShared, PendingAppend, SealedSegment, Writer, WriterMsg};
+use crate::log::{Appended, ColdReader, LogShared, PendingAppend, SealedSegment, WriterMsg};
+use crate::writer::Writer;
 
 /// Resolves when a submitted batch is durable (see [`Storage::submit`]).
 #[must_use = "the append is acknowledged only when this resolves"]
@@ -53,6 +54,15 @@ pub struct StorageStats {
     pub index_memtable_bytes: u64,
     /// Fsyncs of the commitlog since it was opened.
     pub fsyncs: u64,
+    /// Batches that failed their checks and were rewritten from a good copy (the tail cache
+    /// or the object store), since the log was opened.
+    pub healed_batches: u64,
+    /// Bad ranges with no good copy: copied to `log/quarantine/` and replaced by gap batches
+    /// (their records are lost), and their bytes.
+    pub quarantined_batches: u64,
+    pub quarantined_bytes: u64,
+    /// Records in valid batches that dispatch could not index (skipped with a warning).
+    pub skipped_records: u64,
 }
 
 pub struct Storage {
@@ -179,7 +189,7 @@ impl Storage {
     }
 
     async fn submit_any(&self, records: &[Record]) -> Result<PendingAppendAck> {
-        if self.log.has_failed() || self.closed.load(Ordering::Acquire) {
+        if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
         if self.log.is_fenced() {
@@ -291,7 +301,9 @@ impl Storage {
     /// The record an index entry points at. Payload bytes are shared, not copied.
     /// A withheld record (a `tier = "local"` record restored from the object store) and a
     /// volatile one written before this process started (`tier = "memory"`) are gone:
-    /// `Error::Withheld`, of kind `Expired`.
+    /// `Error::Withheld`, of kind `Expired`; so is a record of a batch that failed its checks
+    /// with no good copy to heal it from (`Error::Quarantined`). A record is never returned
+    /// from bytes that failed their CRC.
     pub fn read_record(&self, entry: &IndexEntry) -> Result<Record> {
         let bytes = self.log.read(entry.position, entry.size as usize)?;
         let r = Record::decode(&bytes).map_err(|source| Error::Corrupt { position: entry.position.get(), source })?;
@@ -311,9 +323,18 @@ impl Storage {
         self.log.active_span()
     }
 
-    /// Raw bytes of the log (for tiering and tests).
+    /// Raw bytes of the log (for tiering and tests), checked like every read: bytes of a
+    /// quarantined range are refused (`Error::Quarantined`).
     pub fn read_log(&self, pos: LogPosition, len: usize) -> Result<Bytes> {
         self.log.read(pos, len)
+    }
+
+    /// Checks every batch of a local sealed segment, healing or quarantining what fails (see
+    /// the `repair` module), and returns its quarantined ranges as `(position, length)`. `fresh`
+    /// checks batches checked before again. Blocks on the disk and possibly the object store:
+    /// call it off the async runtime. Nothing when the segment is not on this disk.
+    pub fn check_segment(&self, segment: &SealedSegment, fresh: bool) -> Result<Vec<(LogPosition, u64)>> {
+        self.log.check_segment(segment.base, fresh)
     }
 
     /// Seals the active segment now if it holds anything. Returns the position every sealed
@@ -382,9 +403,10 @@ impl Storage {
         self.log.fence();
     }
 
-    /// Whether appends are refused after a fatal error or fencing.
+    /// Whether appends are refused for good (another node owns the prefix). A failed write or
+    /// a full disk never does that: the writer recovers by itself.
     pub fn has_failed(&self) -> bool {
-        self.log.has_failed() || self.log.is_fenced()
+        self.log.is_fenced()
     }
 
     /// Told of every segment sealed from now on.
@@ -408,6 +430,10 @@ impl Storage {
             index_sst_bytes: sst,
             index_memtable_bytes: mem,
             fsyncs: self.log.fsyncs.load(Ordering::Relaxed),
+            healed_batches: self.log.repairs.healed_batches.load(Ordering::Relaxed),
+            quarantined_batches: self.log.repairs.quarantined_batches.load(Ordering::Relaxed),
+            quarantined_bytes: self.log.repairs.quarantined_bytes.load(Ordering::Relaxed),
+            skipped_records: self.log.repairs.skipped_records.load(Ordering::Relaxed),
         }
     }
 
@@ -430,7 +456,10 @@ impl Storage {
         }
         self.pending.close();
         self.index.write().expect("invariant: lock not poisoned").take();
-        if self.log.has_failed() { Err(Error::Closed) } else { Ok(()) }
+        if self.log.unclean.load(Ordering::Acquire) {
+            return Err(Error::Unavailable("the final fsync of the commitlog failed".into()));
+        }
+        Ok(())
     }
 }
 

@@ -13,8 +13,11 @@ pub enum ErrorKind {
     Corrupt,
     /// The engine is shut down or has stopped after a fatal I/O error.
     Closed,
-    /// The data was deleted by retention.
+    /// The data is gone: deleted by retention, withheld, or lost to corruption.
     Expired,
+    /// A transient failure (the object store unreachable, a full disk): the same call may
+    /// succeed later.
+    Retryable,
     /// An I/O or index failure.
     Internal,
 }
@@ -37,8 +40,12 @@ pub enum Error {
     Expired(u64),
     #[error("the record at {0} was kept off the object store (tier \"local\") and its local copy is gone")]
     Withheld(u64),
+    #[error("the batch at position {0} failed its checks and was quarantined; its records are lost")]
+    Quarantined(u64),
     #[error("object store: {0}")]
     Remote(String),
+    #[error("{0}")]
+    Unavailable(String),
     #[error("another node owns this log's object-store prefix (fenced); writes are refused")]
     Fenced,
     #[error("storage is closed")]
@@ -51,8 +58,9 @@ impl Error {
             Error::Invalid(_) | Error::Format(_) => ErrorKind::InvalidInput,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::Closed | Error::Fenced => ErrorKind::Closed,
-            Error::Expired(_) | Error::Withheld(_) => ErrorKind::Expired,
-            Error::Io { .. } | Error::Index(_) | Error::NotFound(_) | Error::Remote(_) => ErrorKind::Internal,
+            Error::Expired(_) | Error::Withheld(_) | Error::Quarantined(_) => ErrorKind::Expired,
+            Error::Remote(_) | Error::Unavailable(_) => ErrorKind::Retryable,
+            Error::Io { .. } | Error::Index(_) | Error::NotFound(_) => ErrorKind::Internal,
         }
     }
 

@@ -1,8 +1,12 @@
 //! Silt's storage engine: the node's commitlog and the consume-queue index over it.
 //!
 //! - [`format`]: the versioned on-disk format of segments, batches and records (no I/O).
-//! - `segment`, `tail`, `log`: segment files, the in-memory tail cache, and the group-commit
-//!   writer with recovery of a torn tail.
+//! - `segment`, `tail`, `log`, `writer`: segment files (recovery of a torn tail), the
+//!   in-memory tail cache, the state readers share, and the group-commit writer, which
+//!   recovers from a failed write or a full disk by itself.
+//! - `repair`: checked reads of segment files; a batch that fails its checks is healed from a
+//!   good copy (the tail cache, the object store) or quarantined behind a gap batch.
+//! - `throttle`: one log line per interval for a failure that repeats.
 //! - `index`: consume queues in RocksDB (entries, queue registry, checkpoint).
 //! - `dispatch`: the thread that follows the log and writes index entries, with wildcard
 //!   multi-dispatch into filter queues.
@@ -11,8 +15,10 @@
 //!
 //! Guarantees: `Ok` from [`Storage::append`] means the batch is in the local log and, under
 //! `fsync = "always"`, fsynced: it survives a kill -9 and a power cut. It does not mean the
-//! batch is in the object store. Recovery keeps whole batches up to the first invalid one and
-//! never serves bytes that failed their CRC. The index can always be rebuilt from the log.
+//! batch is in the object store. Recovery keeps every valid batch (a bad one followed by valid
+//! ones is quarantined, a bad one at the end is a torn write and cut), and no read serves
+//! bytes that failed their CRC: they are healed or quarantined, counted and logged. The index
+//! can always be rebuilt from the log.
 
 mod config;
 mod dispatch;
@@ -21,9 +27,12 @@ mod error;
 pub mod format;
 mod index;
 mod log;
+mod repair;
 mod restore;
 mod segment;
 mod tail;
+mod throttle;
+mod writer;
 
 pub use config::{FsyncPolicy, StorageConfig};
 pub use dispatch::{DispatchListener, Dispatched};

@@ -1,23 +1,20 @@
 //! The commitlog: one append-only log per node, shared by every stream, in segment files.
 //!
 //! Appenders encode and checksum their batch on their own thread, then hand it to the single
-//! writer thread. The writer takes every batch waiting (up to `max_write_bytes`), writes them
-//! with one positioned vectored write (no copy into a joint buffer) and — under `fsync = "always"` — one fsync, then acknowledges them
-//! all: group commit. Under `interval` the writer acknowledges after the write and fsyncs on a
-//! timer; under `never` only at seal and shutdown.
+//! writer thread (`writer`), which group-commits them. This module holds what the writer,
+//! the dispatcher and readers share: the segments, the tail cache, the written end.
 //!
 //! Invariants:
 //! - Positions only grow. A batch never spans two segments; a segment holds whole batches.
 //! - `Ok` from an append means: written (and fsynced under `always`) to the local disk. It does
 //!   not mean uploaded to the object store.
-//! - After a write error the writer stops and fails every later append; it never guesses what
-//!   reached the disk.
-//! - Readers see bytes only once they are written ([`LogShared::end`]).
+//! - Readers see bytes only once they are written ([`LogShared::end`]), and bytes from a segment
+//!   file only once their batch passed its checks (see `repair`): a bad batch is healed from a
+//!   good copy or quarantined, never served.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -25,11 +22,17 @@ use bytes::Bytes;
 use silt_types::LogPosition;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
-use crate::config::{FsyncPolicy, StorageConfig};
+use crate::config::StorageConfig;
 use crate::error::{Error, Result};
-use crate::format::{self, EncodedBatch, FRAME_LEN, SEGMENT_HEADER_LEN};
+use crate::format::{self, BatchView, EncodedBatch, FRAME_LEN, SEGMENT_HEADER_LEN};
+use crate::repair::{self, RepairStats};
 use crate::segment::{self, Segment};
 use crate::tail::TailCache;
+
+/// How long after opening a bad batch waits for a cold reader (tiering attaches one right
+/// after the engine opens) before it is judged without one, so a batch the store holds is not
+/// quarantined by the dispatcher's first round.
+const COLD_READER_GRACE: Duration = Duration::from_secs(10);
 
 /// Announced when a segment is sealed: its bytes `[base, end)` will never change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,18 +73,34 @@ pub(crate) enum WriterMsg {
 /// layer's ranged reads from the object store. Called from any thread, blocking.
 pub trait ColdReader: Send + Sync + 'static {
     fn read(&self, pos: LogPosition, len: usize) -> Result<Bytes>;
+
+    /// The object store's copy of `[pos, pos + len)` whether or not the local segment still
+    /// exists (to repair a bad local copy): `Ok(None)` when no uploaded object covers it. An
+    /// error of kind `Retryable` means the store holds it but cannot be read now.
+    fn read_uploaded(&self, pos: LogPosition, len: usize) -> Result<Option<Bytes>> {
+        let _ = (pos, len);
+        Ok(None)
+    }
+}
+
+/// A batch as the dispatcher reads it.
+#[derive(Debug)]
+pub(crate) enum Batch {
+    Records(BatchView),
+    /// A quarantined range of this many bytes from the position asked for: nothing to index.
+    Gap(u64),
 }
 
 /// State shared by the writer, the dispatcher and readers.
 pub(crate) struct LogShared {
     pub dir: PathBuf,
+    quarantine_dir: PathBuf,
     pub config: StorageConfig,
-    segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
-    tail: Mutex<TailCache>,
+    pub(crate) segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
+    pub(crate) tail: Mutex<TailCache>,
     /// Written end of the log; the condvar wakes the dispatcher when it moves.
-    end: Mutex<LogPosition>,
-    end_moved: Condvar,
-    failed: AtomicBool,
+    pub(crate) end: Mutex<LogPosition>,
+    pub(crate) end_moved: Condvar,
     sealed_subscribers: Mutex<Vec<mpsc::UnboundedSender<SealedSegment>>>,
     /// Another node owns the log's object-store prefix: appends are refused.
     fenced: AtomicBool,
@@ -90,6 +109,10 @@ pub(crate) struct LogShared {
     cold: OnceLock<Arc<dyn ColdReader>>,
     /// Fsyncs of the active segment since the log was opened.
     pub fsyncs: AtomicU64,
+    pub repairs: RepairStats,
+    /// The final fsync at shutdown failed.
+    pub unclean: AtomicBool,
+    opened: Instant,
 }
 
 impl LogShared {
@@ -107,6 +130,8 @@ impl LogShared {
             .collect();
         bases.sort();
         let mut segments = BTreeMap::new();
+        let repairs = RepairStats::default();
+        let quarantine_dir = repair::quarantine_dir(dir);
         let count = bases.len();
         for (i, (base, path)) in bases.into_iter().enumerate() {
             let last = i + 1 == count;
@@ -120,7 +145,10 @@ impl LogShared {
             }
             let seg = Segment::open(path, base, !last)?;
             if last {
-                let r = seg.recover(config.max_batch_bytes as usize)?;
+                let r = seg.recover(config.max_batch_bytes as usize, &quarantine_dir)?;
+                for q in &r.quarantined {
+                    repairs.count(q);
+                }
                 if let Some(reason) = &r.reason {
                     tracing::warn!(
                         segment = %seg.path.display(),
@@ -145,17 +173,20 @@ impl LogShared {
         };
         let shared = Arc::new(LogShared {
             dir: dir.to_path_buf(),
+            quarantine_dir,
             tail: Mutex::new(TailCache::new(config.tail_cache_bytes)),
             config,
             end: Mutex::new(active.end()),
             end_moved: Condvar::new(),
             segments: RwLock::new(segments),
-            failed: AtomicBool::new(false),
             sealed_subscribers: Mutex::new(Vec::new()),
             fenced: AtomicBool::new(false),
             floor: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
             cold: OnceLock::new(),
+            repairs,
+            unclean: AtomicBool::new(false),
+            opened: Instant::now(),
         });
         Ok((shared, active))
     }
@@ -182,15 +213,6 @@ impl LogShared {
 
     pub fn tail_bytes(&self) -> u64 {
         self.tail.lock().expect("invariant: lock not poisoned").bytes()
-    }
-
-    /// Stops the log after a fatal error elsewhere (the dispatcher): appends are refused.
-    pub fn fail(&self) {
-        self.failed.store(true, Ordering::Release);
-    }
-
-    pub fn has_failed(&self) -> bool {
-        self.failed.load(Ordering::Acquire)
     }
 
     pub fn fence(&self) {
@@ -301,7 +323,8 @@ impl LogShared {
     }
 
     /// Reads `len` bytes at `pos`: from the tail cache when it holds them, else from the
-    /// segment file.
+    /// segment file once the batches holding them passed their checks (repairing what fails),
+    /// else from the object store.
     pub fn read(&self, pos: LogPosition, len: usize) -> Result<Bytes> {
         if pos < self.floor() {
             return Err(Error::Expired(pos.get()));
@@ -313,222 +336,78 @@ impl LogShared {
             return Err(Error::NotFound(pos.get()));
         }
         match self.segment_for(pos) {
-            Some(seg) => seg.read(pos, len),
+            Some(seg) => {
+                let off = pos.get() - seg.base.get();
+                repair::ensure(&seg, off, len as u64, self.limit(&seg), &self.repair_ctx())?;
+                seg.read(pos, len)
+            }
             None => self.cold.get().ok_or(Error::NotFound(pos.get()))?.read(pos, len),
         }
     }
 
-    /// Reads the whole batch frame starting at `pos` (a normalized batch position below the end).
-    pub fn read_frame(&self, pos: LogPosition) -> Result<Bytes> {
+    /// The checked batch starting at `pos` (a normalized batch position below the end), or the
+    /// rest of the quarantined range `pos` lies in.
+    pub fn read_batch(&self, pos: LogPosition) -> Result<Batch> {
         let max = self.config.max_batch_bytes as usize;
         let corrupt = |source| Error::Corrupt { position: pos.get(), source };
         if let Some(chunk) = self.tail.lock().expect("invariant: lock not poisoned").get_from(pos) {
-            let total = format::peek_frame(&chunk, max).map_err(corrupt)?;
-            if let Some(total) = total.filter(|t| *t <= chunk.len()) {
-                return Ok(chunk.slice(..total));
+            // The writer's own buffer; it fails a check only if memory did.
+            if let Some(total) = format::peek_frame(&chunk, max).ok().flatten().filter(|t| *t <= chunk.len())
+                && let Ok(view) = format::check_batch(chunk.slice(..total), max)
+            {
+                return Ok(if view.gap { Batch::Gap(total as u64) } else { Batch::Records(view) });
+            }
+        }
+        if let Some(seg) = self.segment_for(pos) {
+            let off = pos.get() - seg.base.get();
+            let limit = self.limit(&seg);
+            if off >= limit {
+                return Err(Error::NotFound(pos.get()));
+            }
+            match repair::ensure(&seg, off, 1, limit, &self.repair_ctx()) {
+                Ok(()) => {}
+                Err(Error::Quarantined(_)) => {
+                    let (_, end) = seg.gap_at(off, 1).expect("invariant: a quarantined read lies in a gap");
+                    return Ok(Batch::Gap(end - off));
+                }
+                Err(e) => return Err(e),
             }
         }
         let header = self.read(pos, FRAME_LEN)?;
         let total = format::peek_frame(&header, max).map_err(corrupt)?.expect("invariant: FRAME_LEN bytes were read");
-        self.read(pos, total)
+        let view = format::check_batch(self.read(pos, total)?, max).map_err(corrupt)?;
+        Ok(if view.gap { Batch::Gap(total as u64) } else { Batch::Records(view) })
     }
 
-    fn publish_sealed(&self, s: SealedSegment) {
+    /// Checks (and repairs) every batch of the local sealed segment starting at `base`;
+    /// `fresh` forgets what was checked before. Returns its gaps as `(position, length)`;
+    /// nothing when the segment is not on this disk.
+    pub fn check_segment(&self, base: LogPosition, fresh: bool) -> Result<Vec<(LogPosition, u64)>> {
+        let seg = self.segments.read().expect("invariant: lock not poisoned").get(&base.get()).cloned();
+        let Some(seg) = seg else { return Ok(Vec::new()) };
+        let gaps = repair::ensure_all(&seg, self.limit(&seg), fresh, &self.repair_ctx())?;
+        Ok(gaps.into_iter().map(|(s, e)| (base.add(s), e - s)).collect())
+    }
+
+    /// How far a walk may read `seg`: its length when sealed, else what the writer published.
+    fn limit(&self, seg: &Segment) -> u64 {
+        if seg.is_sealed() { seg.len() } else { self.end().get().saturating_sub(seg.base.get()).min(seg.len()) }
+    }
+
+    fn repair_ctx(&self) -> repair::Ctx<'_> {
+        let cold = self.cold.get().map(|c| c.as_ref() as &dyn ColdReader);
+        repair::Ctx {
+            quarantine_dir: &self.quarantine_dir,
+            max_batch: self.config.max_batch_bytes as usize,
+            tail: &self.tail,
+            cold,
+            cold_pending: cold.is_none() && self.opened.elapsed() < COLD_READER_GRACE,
+            stats: &self.repairs,
+        }
+    }
+
+    pub(crate) fn publish_sealed(&self, s: SealedSegment) {
         let mut subs = self.sealed_subscribers.lock().expect("invariant: lock not poisoned");
         subs.retain(|tx| tx.send(s.clone()).is_ok());
-    }
-}
-
-/// The group-commit writer. Runs on its own thread until it receives `Shutdown`.
-pub(crate) struct Writer {
-    shared: Arc<LogShared>,
-    rx: Receiver<WriterMsg>,
-    active: Arc<Segment>,
-    active_since: Instant,
-    dirty: bool,
-    last_sync: Instant,
-}
-
-impl Writer {
-    pub fn new(shared: Arc<LogShared>, active: Arc<Segment>, rx: Receiver<WriterMsg>) -> Self {
-        Self { shared, rx, active, active_since: Instant::now(), dirty: false, last_sync: Instant::now() }
-    }
-
-    pub fn run(mut self) {
-        let cfg = self.shared.config.clone();
-        let max_age = Duration::from_millis(cfg.segment_max_age_ms);
-        let interval = Duration::from_millis(cfg.fsync_interval_ms);
-        let mut shutdown = false;
-        while !shutdown {
-            let mut wait = max_age.saturating_sub(self.active_since.elapsed());
-            if cfg.fsync == FsyncPolicy::Interval && self.dirty {
-                wait = wait.min(interval.saturating_sub(self.last_sync.elapsed()));
-            }
-            let first = match self.rx.recv_timeout(wait.max(Duration::from_millis(1))) {
-                Ok(m) => Some(m),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => Some(WriterMsg::Shutdown),
-            };
-            let mut appends = Vec::new();
-            let mut syncs = Vec::new();
-            let mut rolls = Vec::new();
-            let mut bytes = 0usize;
-            let mut next = first;
-            while let Some(msg) = next.take() {
-                match msg {
-                    WriterMsg::Append(p) => {
-                        bytes += p.batch.frame.len();
-                        appends.push(p);
-                    }
-                    WriterMsg::Sync(tx) => syncs.push(tx),
-                    WriterMsg::Roll(tx) => rolls.push(tx),
-                    WriterMsg::Shutdown => {
-                        shutdown = true;
-                        break;
-                    }
-                }
-                if bytes < cfg.max_write_bytes as usize {
-                    next = self.rx.try_recv().ok();
-                }
-            }
-            let result = self.step(appends, &cfg, !syncs.is_empty() || shutdown);
-            for tx in syncs {
-                let _ = tx.send(result.as_ref().map(|_| ()).map_err(|_| Error::Closed));
-            }
-            if let Err(e) = result {
-                tracing::error!(error = %e, "commitlog writer failed; refusing further appends");
-                self.shared.failed.store(true, Ordering::Release);
-                self.fail_remaining();
-                return;
-            }
-            if !rolls.is_empty() {
-                let rolled = if self.active.len() > SEGMENT_HEADER_LEN { self.roll() } else { Ok(()) };
-                let answer = rolled.as_ref().map(|_| self.active.base).map_err(|_| Error::Closed);
-                for tx in rolls {
-                    let _ = tx.send(answer.as_ref().map(|p| *p).map_err(|_| Error::Closed));
-                }
-                if let Err(e) = rolled {
-                    tracing::error!(error = %e, "commitlog roll failed; refusing further appends");
-                    self.shared.failed.store(true, Ordering::Release);
-                    self.fail_remaining();
-                    return;
-                }
-            }
-            if !shutdown
-                && self.active.len() > SEGMENT_HEADER_LEN
-                && self.active_since.elapsed() >= max_age
-                && let Err(e) = self.roll()
-            {
-                tracing::error!(error = %e, "commitlog roll failed; refusing further appends");
-                self.shared.failed.store(true, Ordering::Release);
-                self.fail_remaining();
-                return;
-            }
-        }
-        // Everything sent before `Shutdown` has been written and, by the forced sync, fsynced.
-        self.fail_remaining();
-    }
-
-    /// Writes one group of appends, fsyncs as the policy says, and acknowledges them.
-    fn step(&mut self, appends: Vec<PendingAppend>, cfg: &StorageConfig, force_sync: bool) -> Result<()> {
-        if !appends.is_empty() {
-            let bytes: usize = appends.iter().map(|p| p.batch.frame.len()).sum();
-            if self.active.len() > SEGMENT_HEADER_LEN && self.active.len() + bytes as u64 > cfg.segment_bytes {
-                self.roll()?;
-            }
-            let base = self.active.end();
-            let mut frames = Vec::with_capacity(appends.len());
-            let mut acks = Vec::with_capacity(appends.len());
-            let mut written = 0u64;
-            for p in appends {
-                let at = base.add(written);
-                let frame = Bytes::from(p.batch.frame);
-                written += frame.len() as u64;
-                let positions = p.batch.records.iter().map(|(off, _)| at.add(u64::from(*off))).collect();
-                acks.push((p.done, Appended { positions, end: base.add(written) }, p.volatile));
-                frames.push(frame);
-            }
-            if let Err(e) = self.active.append_frames(&frames) {
-                for (tx, _, _) in acks {
-                    let _ = tx.send(Err(Error::Closed));
-                }
-                return Err(e);
-            }
-            self.dirty = true;
-            // Volatile batches promise nothing past the process: answered before the fsync,
-            // and a group of them alone needs none (the next durable group's covers them).
-            let (volatile, acks): (Vec<_>, Vec<_>) = acks.into_iter().partition(|(_, _, v)| *v);
-            for (tx, appended, _) in volatile {
-                let _ = tx.send(Ok(appended));
-            }
-            if (cfg.fsync == FsyncPolicy::Always && !acks.is_empty()) || force_sync {
-                // On error the acknowledgements are dropped unanswered: their appenders see
-                // `Closed`, never a false success.
-                self.sync()?;
-            }
-            let end = base.add(written);
-            {
-                let mut tail = self.shared.tail.lock().expect("invariant: lock not poisoned");
-                let mut at = base;
-                for f in frames {
-                    let len = f.len() as u64;
-                    tail.insert(at, f);
-                    at = at.add(len);
-                }
-            }
-            *self.shared.end.lock().expect("invariant: lock not poisoned") = end;
-            self.shared.end_moved.notify_all();
-            for (tx, appended, _) in acks {
-                let _ = tx.send(Ok(appended));
-            }
-        }
-        let interval_due = cfg.fsync == FsyncPolicy::Interval
-            && self.last_sync.elapsed() >= Duration::from_millis(cfg.fsync_interval_ms);
-        if self.dirty && (force_sync || interval_due) {
-            self.sync()?;
-        }
-        Ok(())
-    }
-
-    fn sync(&mut self) -> Result<()> {
-        self.active.sync()?;
-        self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
-        self.dirty = false;
-        self.last_sync = Instant::now();
-        Ok(())
-    }
-
-    /// Seals the active segment and starts the next one at its end.
-    fn roll(&mut self) -> Result<()> {
-        self.active.seal()?;
-        let sealed = SealedSegment { base: self.active.base, end: self.active.end(), path: self.active.path.clone() };
-        let next = Arc::new(Segment::create(&self.shared.dir, sealed.end)?);
-        self.shared.segments.write().expect("invariant: lock not poisoned").insert(next.base.get(), next.clone());
-        tracing::debug!(base = %sealed.base, end = %sealed.end, "segment sealed");
-        self.active = next;
-        self.active_since = Instant::now();
-        self.dirty = false;
-        // The new segment starts on its header; readers skip it with `normalize`.
-        *self.shared.end.lock().expect("invariant: lock not poisoned") = self.active.end();
-        self.shared.end_moved.notify_all();
-        self.shared.publish_sealed(sealed);
-        Ok(())
-    }
-
-    fn fail_remaining(&mut self) {
-        while let Ok(msg) = self.rx.try_recv() {
-            match msg {
-                WriterMsg::Append(p) => {
-                    let _ = p.done.send(Err(Error::Closed));
-                }
-                WriterMsg::Sync(tx) => {
-                    let _ = tx.send(Err(Error::Closed));
-                }
-                WriterMsg::Roll(tx) => {
-                    let _ = tx.send(Err(Error::Closed));
-                }
-                WriterMsg::Shutdown => {}
-            }
-        }
     }
 }

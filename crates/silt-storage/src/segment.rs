@@ -2,20 +2,34 @@
 //! the file's first byte. A segment is *active* (the writer appends to it with positioned
 //! writes) or *sealed* (fsynced, immutable, memory-mapped for reads).
 //!
-//! Recovery ([`Segment::recover`]) scans a segment's batches from its header and truncates at
-//! the first batch whose frame or CRC is wrong: a torn write from a crash is cut, never served.
+//! Each open segment keeps a *checked watermark*: every batch below it passed its CRC in this
+//! process (walking frame by frame from the header), and the gap batches found on the way are
+//! listed. Reads make sure the batches they touch lie below it first (see `repair`), so each
+//! batch is checked once per open segment. What is not guaranteed: a byte that flips on the disk
+//! after its batch was checked in this process is caught at the next start, not before.
+//!
+//! Recovery ([`Segment::recover`]) checks every batch of the newest segment. A bad batch with a
+//! valid batch after it is corruption: its bytes are quarantined and replaced by a gap batch,
+//! and the scan goes on. A bad batch with nothing valid after it is a torn write from a crash:
+//! it is cut, never served. Sealed segments are trusted at open (they were fsynced before they
+//! were sealed) and checked lazily by reads.
+//!
+//! The only writes to a file below its readable length are repairs (`patch`), through a separate
+//! writable descriptor, serialized per segment by the checking lock, and only of ranges no
+//! reader has been handed (they lie above the watermark).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, RwLock};
 
 use bytes::Bytes;
 use silt_types::LogPosition;
 
 use crate::error::{Error, Result};
-use crate::format::{self, FRAME_LEN, SEGMENT_HEADER_LEN};
+use crate::format::{self, SEGMENT_HEADER_LEN};
+use crate::repair::{self, Quarantined};
 
 #[derive(Debug)]
 pub(crate) struct Segment {
@@ -26,6 +40,28 @@ pub(crate) struct Segment {
     len: AtomicU64,
     sealed: AtomicBool,
     map: OnceLock<Bytes>,
+    check: Checked,
+}
+
+/// The checked watermark and the gaps below it (file offsets).
+#[derive(Debug)]
+struct Checked {
+    upto: AtomicU64,
+    gaps: RwLock<Vec<(u64, u64)>>,
+    has_gaps: AtomicBool,
+    /// Held while walking and repairing: one walk per segment at a time.
+    walk: Mutex<()>,
+}
+
+impl Checked {
+    fn new(upto: u64) -> Self {
+        Self {
+            upto: AtomicU64::new(upto),
+            gaps: RwLock::new(Vec::new()),
+            has_gaps: AtomicBool::new(false),
+            walk: Mutex::new(()),
+        }
+    }
 }
 
 /// What recovery found in a segment.
@@ -34,6 +70,8 @@ pub(crate) struct Recovered {
     pub batches: u64,
     pub cut_bytes: u64,
     pub reason: Option<String>,
+    /// Bad ranges followed by valid batches: quarantined, not cut.
+    pub quarantined: Vec<Quarantined>,
 }
 
 pub(crate) fn file_name(base: LogPosition) -> String {
@@ -66,7 +104,8 @@ pub fn is_unborn(path: &Path) -> Result<bool> {
 }
 
 impl Segment {
-    /// Creates a new, empty segment file holding only the header, durably.
+    /// Creates a new, empty segment file holding only the header, durably. On failure no file
+    /// is left behind (a full disk must not leave a headerless segment).
     pub fn create(dir: &Path, base: LogPosition) -> Result<Segment> {
         let path = dir.join(file_name(base));
         let file = OpenOptions::new()
@@ -75,9 +114,18 @@ impl Segment {
             .create_new(true)
             .open(&path)
             .map_err(Error::io("create segment", &path))?;
-        file.write_all_at(&format::segment_header(), 0).map_err(Error::io("write segment header", &path))?;
-        file.sync_all().map_err(Error::io("fsync segment", &path))?;
-        sync_dir(dir)?;
+        let written = file
+            .write_all_at(&format::segment_header(), 0)
+            .map_err(Error::io("write segment header", &path))
+            .and_then(|()| file.sync_all().map_err(Error::io("fsync segment", &path)))
+            .and_then(|()| sync_dir(dir));
+        if let Err(e) = written {
+            drop(file);
+            if let Err(rm) = std::fs::remove_file(&path) {
+                tracing::warn!(segment = %path.display(), error = %rm, "a half-created segment was not removed");
+            }
+            return Err(e);
+        }
         Ok(Segment {
             base,
             path,
@@ -85,6 +133,7 @@ impl Segment {
             len: AtomicU64::new(SEGMENT_HEADER_LEN),
             sealed: AtomicBool::new(false),
             map: OnceLock::new(),
+            check: Checked::new(SEGMENT_HEADER_LEN),
         })
     }
 
@@ -106,47 +155,47 @@ impl Segment {
             len: AtomicU64::new(len),
             sealed: AtomicBool::new(sealed),
             map: OnceLock::new(),
+            check: Checked::new(SEGMENT_HEADER_LEN),
         })
     }
 
-    /// Verifies every batch after the header and truncates the file after the last valid one.
-    pub fn recover(&self, max_batch_bytes: usize) -> Result<Recovered> {
+    /// Checks every batch after the header. A bad batch followed by a valid one is quarantined
+    /// (its bytes copied into `quarantine_dir`, a gap batch in its place) and the scan goes on;
+    /// the file is truncated after the last valid batch when nothing valid follows.
+    pub fn recover(&self, max_batch_bytes: usize, quarantine_dir: &Path) -> Result<Recovered> {
         let file_len = self.len();
         let mut pos = SEGMENT_HEADER_LEN;
         let mut out = Recovered::default();
-        let mut header = [0u8; FRAME_LEN];
+        let guard = self.lock_walk();
         while pos < file_len {
-            let reason = if file_len - pos < FRAME_LEN as u64 {
-                Some("partial frame header".to_string())
-            } else {
-                self.file.read_exact_at(&mut header, pos).map_err(Error::io("read segment", &self.path))?;
-                match format::peek_frame(&header, max_batch_bytes) {
-                    Err(e) => Some(e.to_string()),
-                    Ok(None) => Some("partial frame header".to_string()),
-                    Ok(Some(total)) if pos + total as u64 > file_len => Some("batch extends past end of file".into()),
-                    Ok(Some(total)) => {
-                        let mut frame = vec![0u8; total];
-                        self.file.read_exact_at(&mut frame, pos).map_err(Error::io("read segment", &self.path))?;
-                        match format::check_batch(Bytes::from(frame), max_batch_bytes) {
-                            Ok(_) => {
-                                pos += total as u64;
-                                out.batches += 1;
-                                None
-                            }
-                            Err(e) => Some(e.to_string()),
-                        }
-                    }
+            match repair::check_at(self, pos, file_len, max_batch_bytes)? {
+                Ok(repair::Found::Batch(total)) => {
+                    pos += total;
+                    out.batches += 1;
                 }
-            };
-            if let Some(reason) = reason {
-                out.cut_bytes = file_len - pos;
-                out.reason = Some(reason);
-                self.file.set_len(pos).map_err(Error::io("truncate segment", &self.path))?;
-                self.file.sync_all().map_err(Error::io("fsync segment", &self.path))?;
-                self.len.store(pos, Ordering::Release);
-                break;
+                Ok(repair::Found::Gap(total)) => {
+                    self.add_gap(&guard, pos, pos + total);
+                    pos += total;
+                }
+                Err(reason) => {
+                    let end = repair::bad_end(self, pos, file_len, max_batch_bytes)?;
+                    if end < file_len {
+                        // Valid data follows: corruption, not a torn write.
+                        let q = repair::quarantine(self, &guard, pos, end, max_batch_bytes, quarantine_dir, &reason)?;
+                        out.quarantined.push(q);
+                        pos = end;
+                        continue;
+                    }
+                    out.cut_bytes = file_len - pos;
+                    out.reason = Some(reason);
+                    self.file.set_len(pos).map_err(Error::io("truncate segment", &self.path))?;
+                    self.file.sync_all().map_err(Error::io("fsync segment", &self.path))?;
+                    self.len.store(pos, Ordering::Release);
+                    break;
+                }
             }
         }
+        self.check.upto.store(pos, Ordering::Release);
         Ok(out)
     }
 
@@ -165,7 +214,8 @@ impl Segment {
     }
 
     /// Appends `frames` back to back with positioned vectored writes (no concatenation copy)
-    /// and makes them visible to readers.
+    /// and makes them visible to readers. On error nothing becomes visible; bytes may have
+    /// reached the file past [`Segment::len`] (the caller truncates them).
     pub fn append_frames(&self, frames: &[Bytes]) -> Result<()> {
         use std::os::fd::AsRawFd;
         const IOV_MAX: usize = 1024;
@@ -208,40 +258,126 @@ impl Segment {
         Ok(())
     }
 
+    /// Cuts the file back to `len` bytes (a write that failed, or whose fsync failed) and
+    /// fsyncs, so the next append lands where the failed one started.
+    pub fn truncate_to(&self, len: u64) -> Result<()> {
+        let _guard = self.lock_walk();
+        self.file.set_len(len).map_err(Error::io("truncate segment", &self.path))?;
+        self.file.sync_all().map_err(Error::io("fsync segment", &self.path))?;
+        self.len.store(len, Ordering::Release);
+        self.check.upto.fetch_min(len, Ordering::AcqRel);
+        Ok(())
+    }
+
     pub fn sync(&self) -> Result<()> {
         self.file.sync_data().map_err(Error::io("fsync segment", &self.path))
     }
 
-    /// Fsyncs and marks the segment immutable.
-    pub fn seal(&self) -> Result<()> {
-        self.sync()?;
+    /// Marks the segment immutable (after the caller fsynced it).
+    pub fn mark_sealed(&self) {
         self.sealed.store(true, Ordering::Release);
-        Ok(())
     }
 
-    /// Reads `len` bytes at log position `pos`. Sealed segments are served from a memory map
-    /// without copying; the active one with a positioned read.
+    /// Reads `len` bytes at log position `pos`, unchecked (callers check first). Sealed
+    /// segments are served from a memory map without copying; the active one with a positioned
+    /// read.
     pub fn read(&self, pos: LogPosition, len: usize) -> Result<Bytes> {
         let off = pos.get().checked_sub(self.base.get()).ok_or(Error::NotFound(pos.get()))?;
-        if off + len as u64 > self.len() {
-            return Err(Error::NotFound(pos.get()));
+        self.bytes_at(off, len as u64).map_err(|e| match e {
+            Error::NotFound(_) => Error::NotFound(pos.get()),
+            e => e,
+        })
+    }
+
+    /// `len` bytes at file offset `off`.
+    pub fn bytes_at(&self, off: u64, len: u64) -> Result<Bytes> {
+        if off + len > self.len() {
+            return Err(Error::NotFound(self.base.get() + off));
         }
         if self.is_sealed() {
             let map = self.mapped()?;
-            return Ok(map.slice(off as usize..off as usize + len));
+            return Ok(map.slice(off as usize..(off + len) as usize));
         }
-        let mut buf = vec![0u8; len];
+        let mut buf = vec![0u8; len as usize];
         self.file.read_exact_at(&mut buf, off).map_err(Error::io("read segment", &self.path))?;
         Ok(Bytes::from(buf))
+    }
+
+    /// Overwrites `data` at file offset `off` (a repair) through a separate writable
+    /// descriptor, and fsyncs when `sync`. Readers of the memory map see the new bytes
+    /// (`MAP_SHARED`).
+    pub fn patch(&self, _walk: &MutexGuard<'_, ()>, off: u64, data: &[u8], sync: bool) -> Result<()> {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&self.path)
+            .map_err(Error::io("open segment for repair", &self.path))?;
+        f.write_all_at(data, off).map_err(Error::io("repair segment", &self.path))?;
+        if sync {
+            f.sync_data().map_err(Error::io("fsync repaired segment", &self.path))?;
+        }
+        Ok(())
+    }
+
+    /// Whether `[off, off + len)` lies below the checked watermark; `Err(Quarantined)` when it
+    /// touches a gap.
+    pub fn checked(&self, off: u64, len: u64) -> Result<bool> {
+        if off + len > self.check.upto.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        if self.check.has_gaps.load(Ordering::Acquire) && self.gap_at(off, len).is_some() {
+            return Err(Error::Quarantined(self.base.get() + off));
+        }
+        Ok(true)
+    }
+
+    /// The gap overlapping `[off, off + len)`, if any.
+    pub fn gap_at(&self, off: u64, len: u64) -> Option<(u64, u64)> {
+        let gaps = self.check.gaps.read().expect("invariant: lock not poisoned");
+        gaps.iter().copied().find(|&(s, e)| s < off + len.max(1) && off < e)
+    }
+
+    /// Gaps found so far (file offsets `[start, end)`, in order).
+    pub fn gaps(&self) -> Vec<(u64, u64)> {
+        self.check.gaps.read().expect("invariant: lock not poisoned").clone()
+    }
+
+    pub fn lock_walk(&self) -> MutexGuard<'_, ()> {
+        self.check.walk.lock().expect("invariant: lock not poisoned")
+    }
+
+    pub fn upto(&self) -> u64 {
+        self.check.upto.load(Ordering::Acquire)
+    }
+
+    pub fn set_upto(&self, _walk: &MutexGuard<'_, ()>, upto: u64) {
+        self.check.upto.store(upto, Ordering::Release);
+    }
+
+    /// Forgets what was checked, so the next walk checks every batch again.
+    pub fn reset_checks(&self, walk: &MutexGuard<'_, ()>) {
+        self.set_upto(walk, SEGMENT_HEADER_LEN);
+        self.check.gaps.write().expect("invariant: lock not poisoned").clear();
+        self.check.has_gaps.store(false, Ordering::Release);
+    }
+
+    pub fn add_gap(&self, _walk: &MutexGuard<'_, ()>, start: u64, end: u64) {
+        let mut gaps = self.check.gaps.write().expect("invariant: lock not poisoned");
+        if !gaps.iter().any(|&(s, e)| s == start && e == end) {
+            gaps.push((start, end));
+            gaps.sort_unstable();
+        }
+        self.check.has_gaps.store(true, Ordering::Release);
     }
 
     fn mapped(&self) -> Result<&Bytes> {
         if let Some(m) = self.map.get() {
             return Ok(m);
         }
-        // SAFETY: a sealed segment is never written again by this process (the writer only
-        // appends to the active segment, and recovery truncates only the last segment before
-        // any reader exists). Retention may unlink the file; the mapping stays valid on Unix.
+        // SAFETY: a sealed segment is written again only by a repair (`patch`), and only in a
+        // range above the checked watermark, which no reader has been handed a slice of; every
+        // other write goes to the active segment, and recovery truncates only the last segment
+        // before any reader exists. Retention may unlink the file; the mapping stays valid on
+        // Unix.
         let map = unsafe { memmap2::Mmap::map(&self.file) }.map_err(Error::io("mmap segment", &self.path))?;
         let _ = self.map.set(Bytes::from_owner(map));
         Ok(self.map.get().expect("invariant: set above"))
