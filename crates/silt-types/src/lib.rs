@@ -12,5 +12,5 @@ pub mod topic;
 pub mod trie;
 
 pub use ids::{LogPosition, Offset, Partition, QueueId, Timestamp};
-pub use topic::{TopicError, TopicFilter, TopicName, filter_matches};
+pub use topic::{TopicError, TopicFilter, TopicName, filter_matches, level_count};
 pub use trie::TopicTrie;

@@ -13,6 +13,14 @@ use std::fmt;
 /// Longest topic name or filter in bytes (an MQTT UTF-8 string has a two-byte length).
 pub const MAX_TOPIC_LEN: usize = 65_535;
 
+/// Most levels a topic name or filter can have: a 65,535-byte topic of one-byte levels.
+pub const MAX_TOPIC_LEVELS: usize = MAX_TOPIC_LEN / 2 + 1;
+
+/// How many levels `topic` (a name or a filter) has: `a/b/c` has 3, `/` has 2.
+pub fn level_count(topic: &str) -> usize {
+    topic.bytes().filter(|&b| b == b'/').count() + 1
+}
+
 /// Why a string is not a valid topic name or filter.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TopicError {
@@ -181,6 +189,15 @@ mod tests {
         assert!(!m("+/monitor/Clients", "$SYS/monitor/Clients"));
         assert!(m("$SYS/#", "$SYS/monitor/Clients"));
         assert!(m("$SYS/monitor/+", "$SYS/monitor/Clients"));
+    }
+
+    #[test]
+    fn levels_are_counted_like_the_spec_splits_them() {
+        assert_eq!(level_count("a"), 1);
+        assert_eq!(level_count("a/b/c"), 3);
+        assert_eq!(level_count("/"), 2);
+        assert_eq!(level_count("a//b/#"), 4);
+        assert_eq!(level_count(&vec!["x"; MAX_TOPIC_LEVELS].join("/")), MAX_TOPIC_LEVELS);
     }
 
     #[test]

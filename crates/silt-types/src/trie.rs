@@ -26,6 +26,16 @@ impl<V> Default for Node<V> {
     }
 }
 
+impl<V> Drop for Node<V> {
+    /// Without this, dropping a chain of 10,000 nested nodes would recurse 10,000 deep.
+    fn drop(&mut self) {
+        let mut doomed: Vec<Node<V>> = self.children.drain().map(|(_, n)| n).collect();
+        while let Some(mut n) = doomed.pop() {
+            doomed.extend(n.children.drain().map(|(_, c)| c));
+        }
+    }
+}
+
 impl<V> Node<V> {
     fn is_empty(&self) -> bool {
         self.values.is_empty() && self.hash.is_empty() && self.children.is_empty()
@@ -96,30 +106,55 @@ impl<V: PartialEq> TopicTrie<V> {
         &[]
     }
 
-    /// Removes the pair (`filter`, `value`). Returns whether it was present.
+    /// Removes the pair (`filter`, `value`). Returns whether it was present. Nodes left
+    /// empty are pruned.
     pub fn remove(&mut self, filter: &TopicFilter, value: &V) -> bool {
         let levels: Vec<&str> = filter.levels().collect();
-        let removed = remove_at(&mut self.root, &levels, value);
-        if removed {
-            self.len -= 1;
+        // The node holding the value sits at depth `last`: a trailing `#` lives in its parent.
+        let (last, in_hash) = match levels.last() {
+            Some(&"#") => (levels.len() - 1, true),
+            _ => (levels.len(), false),
+        };
+        // Descend, noting the deepest node that stays whatever happens below it: below that
+        // one, the path is a chain of nodes that hold nothing but the next node of the path.
+        let mut keep = 0;
+        let mut node = &mut self.root;
+        for (depth, level) in levels[..last].iter().enumerate() {
+            if !node.values.is_empty() || !node.hash.is_empty() || node.children.len() > 1 {
+                keep = depth;
+            }
+            match node.children.get_mut(*level) {
+                Some(child) => node = child,
+                None => return false,
+            }
         }
-        removed
+        let vals = if in_hash { &mut node.hash } else { &mut node.values };
+        if !remove_value(vals, value) {
+            return false;
+        }
+        self.len -= 1;
+        if last == 0 || !node.is_empty() {
+            return true;
+        }
+        let mut node = &mut self.root;
+        for level in &levels[..keep] {
+            node = node.children.get_mut(*level).expect("invariant: the path was just walked");
+        }
+        // Drops the chain that held only this pair (`Node`'s drop is iterative).
+        node.children.remove(levels[keep]);
+        true
     }
 
     /// Calls `f` with every value whose filter matches the topic `name` (a valid topic name).
     /// A value held under several matching filters is reported once per filter.
     pub fn for_each_match<'a>(&'a self, name: &str, mut f: impl FnMut(&str, &'a V)) {
-        let levels: Vec<&str> = name.split('/').collect();
-        let dollar = name.starts_with('$');
-        walk(&self.root, &levels, 0, dollar, &mut String::new(), &mut |filter, v| f(filter, v));
+        walk(&self.root, name, &mut f);
     }
 
     /// Collects the matches of [`Self::for_each_match`] as `(filter, value)` pairs.
     pub fn matches(&self, name: &str) -> Vec<(String, &V)> {
         let mut out = Vec::new();
-        let levels: Vec<&str> = name.split('/').collect();
-        let dollar = name.starts_with('$');
-        walk(&self.root, &levels, 0, dollar, &mut String::new(), &mut |filter, v| out.push((filter.to_owned(), v)));
+        walk(&self.root, name, &mut |filter, v| out.push((filter.to_owned(), v)));
         out
     }
 }
@@ -143,68 +178,51 @@ fn remove_value<V: PartialEq>(vals: &mut Vec<V>, value: &V) -> bool {
     }
 }
 
-fn remove_at<V: PartialEq>(node: &mut Node<V>, levels: &[&str], value: &V) -> bool {
-    match levels {
-        [] => unreachable!("invariant: a valid filter has at least one level"),
-        ["#"] => remove_value(&mut node.hash, value),
-        [level, rest @ ..] => {
-            let Some(child) = node.children.get_mut(*level) else {
-                return false;
-            };
-            let removed =
-                if rest.is_empty() { remove_value(&mut child.values, value) } else { remove_at(child, rest, value) };
-            if removed && child.is_empty() {
-                node.children.remove(*level);
-            }
-            removed
-        }
-    }
-}
-
-/// Depth-first walk. `path` accumulates the filter text of the node being visited so callers can
-/// tell which filter matched.
-fn walk<'a, V>(
-    node: &'a Node<V>,
-    levels: &[&str],
-    depth: usize,
-    dollar: bool,
-    path: &mut String,
-    f: &mut dyn FnMut(&str, &'a V),
-) {
-    // `#` at this node matches the remaining levels, including none (the parent itself) —
-    // except at the root of a `$` topic.
-    let wildcard_allowed = depth > 0 || !dollar;
-    if wildcard_allowed && !node.hash.is_empty() {
-        let len = path.len();
-        path.push_str(if depth == 0 { "#" } else { "/#" });
-        for v in &node.hash {
-            f(path, v);
-        }
-        path.truncate(len);
-    }
-    let Some((level, rest)) = levels.split_first() else {
-        for v in &node.values {
-            f(path, v);
-        }
-        return;
-    };
-    let mut visit = |key: &str, child: &'a Node<V>, path: &mut String| {
-        let len = path.len();
-        if depth > 0 {
+/// Depth-first walk with an explicit stack: a topic has up to 32,768 levels, and a client
+/// chooses them, so the depth must never be the call stack's. `path` holds the filter text of
+/// the node being visited, so callers can tell which filter matched.
+fn walk<'a, V>(root: &'a Node<V>, name: &str, f: &mut dyn FnMut(&str, &'a V)) {
+    let levels: Vec<&str> = name.split('/').collect();
+    let dollar = name.starts_with('$');
+    let mut path = String::new();
+    // (node, its depth, the length of its parent's path, its level key)
+    let mut stack: Vec<(&'a Node<V>, usize, usize, &'a str)> = vec![(root, 0, 0, "")];
+    while let Some((node, depth, parent_len, key)) = stack.pop() {
+        // Every node visited since this one was pushed lies below its parent, so the buffer
+        // still starts with the parent's path.
+        path.truncate(parent_len);
+        if depth > 1 {
             path.push('/');
         }
         path.push_str(key);
-        walk(child, rest, depth + 1, dollar, path, f);
-        path.truncate(len);
-    };
-    if let Some(child) = node.children.get(*level) {
-        visit(level, child, path);
-    }
-    if *level != "+"
-        && wildcard_allowed
-        && let Some(child) = node.children.get("+")
-    {
-        visit("+", child, path);
+        // `#` at this node matches the remaining levels, including none (the parent itself) —
+        // except at the root of a `$` topic.
+        let wildcard_allowed = depth > 0 || !dollar;
+        if wildcard_allowed && !node.hash.is_empty() {
+            let len = path.len();
+            path.push_str(if depth == 0 { "#" } else { "/#" });
+            for v in &node.hash {
+                f(&path, v);
+            }
+            path.truncate(len);
+        }
+        let Some(level) = levels.get(depth) else {
+            for v in &node.values {
+                f(&path, v);
+            }
+            continue;
+        };
+        let here = path.len();
+        // Pushed in reverse of the visiting order: the literal child first, then `+`.
+        if *level != "+"
+            && wildcard_allowed
+            && let Some((k, child)) = node.children.get_key_value("+")
+        {
+            stack.push((child, depth + 1, here, &**k));
+        }
+        if let Some((k, child)) = node.children.get_key_value(*level) {
+            stack.push((child, depth + 1, here, &**k));
+        }
     }
 }
 

@@ -99,3 +99,48 @@ proptest! {
         }
     }
 }
+
+/// A client chooses how deep its topics go (a 65,535-byte topic has 32,768 levels): no
+/// operation may recurse per level, or a deep enough topic overflows the stack.
+#[test]
+fn topics_tens_of_thousands_of_levels_deep_never_overflow_the_stack() {
+    let deep = vec!["x"; 32_767].join("/"); // with "/#", the longest filter there is
+    let deep_filter = format!("{deep}/#");
+    // A small stack makes a per-level recursion fail at a few hundred levels, not thousands.
+    std::thread::Builder::new()
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let mut t = TopicTrie::new();
+            assert!(t.insert(&filt(&deep), 1));
+            assert!(t.insert(&filt(&deep_filter), 2));
+            assert!(t.insert(&filt("x/+/#"), 3));
+            assert_eq!(matched(&t, &deep), vec![1, 2, 3]);
+            assert!(t.remove(&filt(&deep), &1));
+            assert_eq!(matched(&t, &deep), vec![2, 3]);
+            assert!(t.remove(&filt(&deep_filter), &2));
+            assert_eq!(t.len(), 1);
+            assert_eq!(t.root.children.len(), 1, "the deep chain was pruned");
+            // Dropping a deep trie is iterative too.
+            let mut t2 = TopicTrie::new();
+            t2.insert(&filt(&deep), 7);
+            drop(t2);
+        })
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+}
+
+#[test]
+fn remove_keeps_what_shares_the_path() {
+    let mut t = TopicTrie::new();
+    t.insert(&filt("a/b/c/d"), 1);
+    t.insert(&filt("a/b"), 2);
+    t.insert(&filt("a/x"), 3);
+    assert!(t.remove(&filt("a/b/c/d"), &1));
+    assert_eq!(matched(&t, "a/b"), vec![2]);
+    assert_eq!(matched(&t, "a/x"), vec![3]);
+    assert!(t.root.children["a"].children["b"].children.is_empty(), "c/d pruned below a/b");
+    assert!(t.remove(&filt("a/b"), &2));
+    assert!(t.remove(&filt("a/x"), &3));
+    assert!(t.root.children.is_empty());
+}
