@@ -329,6 +329,12 @@ impl Storage {
         self.log.read(pos, len)
     }
 
+    /// Log bytes to upload as they are: checked like [`Self::read_log`], but a quarantined
+    /// range comes back as its gap batches instead of an error.
+    pub fn read_log_for_upload(&self, pos: LogPosition, len: usize) -> Result<Bytes> {
+        self.log.read_checked(pos, len, true)
+    }
+
     /// Checks every batch of a local sealed segment, healing or quarantining what fails (see
     /// the `repair` module), and returns its quarantined ranges as `(position, length)`. `fresh`
     /// checks batches checked before again. Blocks on the disk and possibly the object store:

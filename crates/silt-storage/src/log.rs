@@ -326,6 +326,12 @@ impl LogShared {
     /// segment file once the batches holding them passed their checks (repairing what fails),
     /// else from the object store.
     pub fn read(&self, pos: LogPosition, len: usize) -> Result<Bytes> {
+        self.read_checked(pos, len, false)
+    }
+
+    /// Like [`Self::read`]; with `gaps_ok`, bytes of quarantined ranges are returned as they
+    /// are on the disk (gap batches) instead of refused.
+    pub fn read_checked(&self, pos: LogPosition, len: usize, gaps_ok: bool) -> Result<Bytes> {
         if pos < self.floor() {
             return Err(Error::Expired(pos.get()));
         }
@@ -338,7 +344,7 @@ impl LogShared {
         match self.segment_for(pos) {
             Some(seg) => {
                 let off = pos.get() - seg.base.get();
-                repair::ensure(&seg, off, len as u64, self.limit(&seg), &self.repair_ctx())?;
+                repair::ensure(&seg, off, len as u64, self.limit(&seg), gaps_ok, &self.repair_ctx())?;
                 seg.read(pos, len)
             }
             None => self.cold.get().ok_or(Error::NotFound(pos.get()))?.read(pos, len),
@@ -364,7 +370,7 @@ impl LogShared {
             if off >= limit {
                 return Err(Error::NotFound(pos.get()));
             }
-            match repair::ensure(&seg, off, 1, limit, &self.repair_ctx()) {
+            match repair::ensure(&seg, off, 1, limit, false, &self.repair_ctx()) {
                 Ok(()) => {}
                 Err(Error::Quarantined(_)) => {
                     let (_, end) = seg.gap_at(off, 1).expect("invariant: a quarantined read lies in a gap");

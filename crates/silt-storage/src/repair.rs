@@ -100,9 +100,14 @@ pub(crate) fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// Makes sure `[off, off + len)` of `seg` is checked (repairing what fails), with `limit` the
-/// readable length. `Err(Quarantined)` when the range touches a gap.
-pub(crate) fn ensure(seg: &Segment, off: u64, len: u64, limit: u64, ctx: &Ctx<'_>) -> Result<()> {
-    if seg.checked(off, len)? {
+/// readable length. `Err(Quarantined)` when the range touches a gap, unless `gaps_ok` (then
+/// the gap batches' bytes may be read as they are: an upload copies the log as it is).
+pub(crate) fn ensure(seg: &Segment, off: u64, len: u64, limit: u64, gaps_ok: bool, ctx: &Ctx<'_>) -> Result<()> {
+    let covered = || match seg.checked(off, len) {
+        Err(Error::Quarantined(_)) if gaps_ok => Ok(true),
+        r => r,
+    };
+    if covered()? {
         return Ok(());
     }
     if off + len > limit {
@@ -112,7 +117,7 @@ pub(crate) fn ensure(seg: &Segment, off: u64, len: u64, limit: u64, ctx: &Ctx<'_
         let guard = seg.lock_walk();
         walk(seg, &guard, off + len, (off + len + CHECK_AHEAD).min(limit), limit, ctx)
     })?;
-    if seg.checked(off, len)? { Ok(()) } else { Err(Error::NotFound(seg.base.get() + off)) }
+    if covered()? { Ok(()) } else { Err(Error::NotFound(seg.base.get() + off)) }
 }
 
 /// Checks (and repairs) every batch of `seg` up to `limit`; returns its gaps.
