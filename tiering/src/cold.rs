@@ -10,6 +10,12 @@
 //! The storage engine's read path is synchronous; a read here hands the GET to the tiering
 //! runtime and waits for it. On a broker runtime thread the wait goes through
 //! `block_in_place`, so other connections keep running while one waits on the store.
+//!
+//! Quarantined ranges named by the manifest (bytes lost locally before the upload) are never
+//! read: a read touching one is `Error::Quarantined`, which readers skip as gone. For repairs
+//! of a bad local copy, [`ColdReader::read_uploaded`] reads the uploaded bytes of positions
+//! still on the local disk, from segment objects and tail objects, with one attempt (the
+//! client's own short retries), so an outage defers the repair instead of stalling it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,12 +31,14 @@ use silt_types::LogPosition;
 
 use crate::store::retry;
 
-/// A segment object: where its positions live.
-#[derive(Clone, Debug)]
+/// A segment or tail object: where its positions live.
+#[derive(Clone, Debug, Default)]
 pub struct ObjectRef {
     pub base: u64,
     pub end: u64,
     pub key: String,
+    /// Quarantined log ranges `[start, end)` in it.
+    pub gaps: Vec<(u64, u64)>,
 }
 
 #[derive(Default)]
@@ -59,6 +67,8 @@ pub struct ColdStore {
     store: Arc<dyn ObjectStore>,
     rt: tokio::runtime::Handle,
     objects: RwLock<BTreeMap<u64, ObjectRef>>,
+    /// Tail objects (pieces of the active segment), by base.
+    tails: RwLock<BTreeMap<u64, ObjectRef>>,
     cache: Cache<(u64, u64), Bytes>,
     block: u64,
     read_ahead: u64,
@@ -89,6 +99,7 @@ impl ColdStore {
             store,
             rt,
             objects: RwLock::new(BTreeMap::new()),
+            tails: RwLock::new(BTreeMap::new()),
             cache,
             block,
             read_ahead: read_ahead.max(1),
@@ -100,6 +111,16 @@ impl ColdStore {
 
     pub fn add(&self, o: ObjectRef) {
         self.objects.write().expect("invariant: lock not poisoned").insert(o.base, o);
+    }
+
+    /// A tail object the manifest now names.
+    pub fn add_tail(&self, t: ObjectRef) {
+        self.tails.write().expect("invariant: lock not poisoned").insert(t.base, t);
+    }
+
+    /// Forgets the tail objects below `end` (a segment object covers them now).
+    pub fn remove_tails_below(&self, end: u64) {
+        self.tails.write().expect("invariant: lock not poisoned").retain(|_, t| t.base >= end);
     }
 
     /// Forgets objects wholly below `pos` (deleted by retention).
@@ -269,6 +290,9 @@ impl ColdReader for ColdStore {
         if end > o.end {
             return Err(Error::NotFound(p));
         }
+        if o.gaps.iter().any(|&(s, e)| s < end && p < e) {
+            return Err(Error::Quarantined(p));
+        }
         let (first, last) = ((p - o.base) / self.block, (end - 1 - o.base) / self.block);
         if first == last {
             let b = self.block(&o, first)?;
@@ -284,6 +308,63 @@ impl ColdReader for ColdStore {
             out.extend_from_slice(&b[from as usize..to as usize]);
         }
         Ok(out.freeze())
+    }
+
+    fn read_uploaded(&self, pos: LogPosition, len: usize) -> Result<Option<Bytes>, Error> {
+        let (p, end) = (pos.get(), pos.get() + len as u64);
+        if let Some(o) = self.object_for(p) {
+            if end > o.end {
+                return Ok(None);
+            }
+            return self.get_once(&o.key, p - o.base..end - o.base, p).map(Some);
+        }
+        // Tails: consecutive pieces of the active segment; a batch may straddle two.
+        let pieces: Vec<ObjectRef> = {
+            let tails = self.tails.read().expect("invariant: lock not poisoned");
+            let mut out = Vec::new();
+            let mut at = p;
+            for (_, t) in tails.range(..=p).next_back().into_iter().chain(tails.range(p + 1..)) {
+                if at >= end {
+                    break;
+                }
+                if t.base > at || t.end <= at {
+                    return Ok(None); // not uploaded (or a hole between tails)
+                }
+                out.push(t.clone());
+                at = t.end;
+            }
+            if at < end {
+                return Ok(None);
+            }
+            out
+        };
+        let mut buf = BytesMut::with_capacity(len);
+        for t in pieces {
+            let (from, to) = (p.max(t.base), end.min(t.end));
+            buf.extend_from_slice(&self.get_once(&t.key, from - t.base..to - t.base, from)?);
+        }
+        Ok(Some(buf.freeze()))
+    }
+}
+
+impl ColdStore {
+    /// One ranged GET (the client's own short retries only), waited for on the calling
+    /// thread. A missing object is `NotFound`; anything else is `Remote` (retryable).
+    fn get_once(&self, key: &str, range: std::ops::Range<u64>, pos: u64) -> Result<Bytes, Error> {
+        let (store, path, want) = (self.store.clone(), Path::from(key), range.end - range.start);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.rt.spawn(async move {
+            let _ = tx.send(store.get_range(&path, range).await);
+        });
+        match Self::wait(|| rx.recv()).map_err(|_| Error::Remote("tiering runtime stopped".into()))? {
+            Ok(b) if b.len() as u64 == want => {
+                self.stats.gets.fetch_add(1, Ordering::Relaxed);
+                Ok(b)
+            }
+            Ok(b) => Err(Error::Remote(format!("{key}: got {} bytes, expected {want}", b.len()))),
+            Err(object_store::Error::NotFound { .. }) => Err(Error::NotFound(pos)),
+            Err(e) => Err(Error::Remote(format!("{key}: {e}"))),
+        }
     }
 }
 
@@ -305,7 +386,7 @@ mod tests {
         let stats = Arc::new(ColdStats::default());
         // An 8 MiB cache for 16 MiB: what was read ahead is still admitted.
         let cold = ColdStore::new(store, rt.handle().clone(), 8 << 20, 1 << 20, 2, stats.clone());
-        cold.add(ObjectRef { base: 1000, end: 1000 + data.len() as u64, key: "o".into() });
+        cold.add(ObjectRef { base: 1000, end: 1000 + data.len() as u64, key: "o".into(), gaps: Vec::new() });
         let mut at = 0usize;
         while at < data.len() {
             let n = (16 << 10).min(data.len() - at);

@@ -4,6 +4,12 @@
 //! Layout of an object: `segment bytes ‖ footer (JSON) ‖ footer length (u32 LE) ‖ "SILTFTR1"`.
 //! Byte ranges in the footer are relative to the object start, which is the segment's base
 //! position: log position `p` lives at object offset `p - base`.
+//!
+//! A gap batch (bytes that failed their checks locally and were quarantined, see
+//! `silt_storage::format`) is a valid batch without records: the scan passes it through and
+//! names it in [`Footer::gaps`]. A quarantined range the local copy could not be overwritten
+//! in (it is then known to the storage engine only) is passed through as it is, unparsed, and
+//! named there too; readers of the object never read inside a gap.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +47,10 @@ pub struct Footer {
     /// withheld ones) but gone after a restart anyway: they never hold a segment back.
     #[serde(default)]
     pub volatile: u64,
+    /// Object byte ranges `[start, end)` of quarantined bytes (gap batches): their records were
+    /// lost on the local disk before the upload.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gaps: Vec<(u64, u64)>,
 }
 
 /// A consume queue's entries in one object: offsets `[first, first + count)`.
@@ -113,19 +123,21 @@ pub fn build(base: u64, bytes: &Bytes, max_batch_bytes: usize) -> Result<Footer,
         }
         Ok(source.split_to(n))
     };
-    scan(base, len, max_batch_bytes, read, &|_, _| false, &mut |_| Ok(()))
+    scan(base, len, max_batch_bytes, &[], read, &|_, _| false, &mut |_| Ok(()))
 }
 
 /// Scans the sealed segment file at `path` (`len` bytes) once: checks every batch, builds the
 /// footer, and hands the object's bytes to `emit` in order — each batch as stored, or, when
 /// one of its records is volatile or `withhold(topic, stream)` says so, re-encoded with those
 /// records replaced by same-length stand-ins (`Record::withhold`). Reads 4 MiB at a time, so memory
-/// stays at one read plus one batch whatever the segment size.
+/// stays at one read plus one batch whatever the segment size. `gaps` are quarantined ranges
+/// (object offsets) known from elsewhere, passed through unparsed.
 pub fn scan_file(
     path: &std::path::Path,
     base: u64,
     len: u64,
     max_batch_bytes: usize,
+    gaps: &[(u64, u64)],
     withhold: &dyn Fn(&str, &str) -> bool,
     emit: &mut dyn FnMut(Bytes) -> Result<(), String>,
 ) -> Result<Footer, String> {
@@ -145,7 +157,7 @@ pub fn scan_file(
         }
         Ok(buf.split_to(n).freeze())
     };
-    scan(base, len, max_batch_bytes, read, withhold, emit)
+    scan(base, len, max_batch_bytes, gaps, read, withhold, emit)
 }
 
 /// The scan behind [`build`] and [`scan_file`]: `read(n)` returns the next `n` bytes.
@@ -153,6 +165,7 @@ fn scan(
     base: u64,
     len: u64,
     max_batch_bytes: usize,
+    gaps: &[(u64, u64)],
     mut read: impl FnMut(usize) -> Result<Bytes, String>,
     withhold: &dyn Fn(&str, &str) -> bool,
     emit: &mut dyn FnMut(Bytes) -> Result<(), String>,
@@ -169,6 +182,15 @@ fn scan(
     emit(header)?;
     let mut at = SEGMENT_HEADER_LEN;
     while at < len {
+        if let Some(&(_, end)) = gaps.iter().find(|(s, e)| *s == at && *e > at && *e <= len) {
+            push_gap(&mut footer.gaps, (at, end));
+            while at < end {
+                let n = (4u64 << 20).min(end - at);
+                emit(read(n as usize)?)?;
+                at += n;
+            }
+            continue;
+        }
         let head = read((format::FRAME_LEN as u64).min(len - at) as usize)?;
         let total = format::peek_frame(&head, max_batch_bytes)
             .map_err(|e| format!("segment at {base}, offset {at}: {e}"))?
@@ -178,8 +200,15 @@ fn scan(
         }
         let rest = read((total - head.len() as u64) as usize)?;
         let frame = Bytes::from([head.as_ref(), rest.as_ref()].concat());
-        let view = format::check_batch(frame, max_batch_bytes).map_err(|e| format!("segment at {base}: {e}"))?;
+        let view =
+            format::check_batch(frame, max_batch_bytes).map_err(|e| format!("segment at {base}, offset {at}: {e}"))?;
         let range = (at, at + total);
+        if view.gap {
+            push_gap(&mut footer.gaps, range);
+            emit(view.frame)?;
+            at += total;
+            continue;
+        }
         let mut withheld = Vec::new();
         for (i, &(off, rlen)) in view.records.iter().enumerate() {
             let rec = &view.frame[off as usize..(off + rlen) as usize];
@@ -235,6 +264,14 @@ fn withhold_records(view: &format::BatchView, which: &[usize], max: usize, base:
         return Err(format!("segment at {base}: a withheld batch would change its layout"));
     }
     Ok(Bytes::from(enc.frame))
+}
+
+/// Adds a gap range, merging it with the previous one when they touch.
+fn push_gap(gaps: &mut Vec<(u64, u64)>, range: (u64, u64)) {
+    match gaps.last_mut() {
+        Some(last) if last.1 == range.0 => last.1 = range.1,
+        _ => gaps.push(range),
+    }
 }
 
 fn span<'m>(map: &'m mut BTreeMap<String, Span>, name: &str) -> &'m mut Span {

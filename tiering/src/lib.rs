@@ -9,6 +9,8 @@
 //!   checkpoints; a node's epoch fences the nodes before it.
 //! - [`cold`]: reads of evicted segments through ranged GETs, background read-ahead and a
 //!   block cache.
+//! - [`multipart`]: incomplete multipart uploads, listed by hand (S3 ListMultipartUploads) and
+//!   aborted by the orphan sweep.
 //! - [`Tiering`]: the uploader, the `ack = "object"` window (tail uploads), hot-cache
 //!   eviction, retention, the sweep of orphan objects, and recovery of an empty data directory
 //!   from the bucket.
@@ -17,12 +19,17 @@
 //! `wait_uploaded(p)` resolves only once a committed manifest covers `p` — an `object` topic
 //! is never acknowledged before the bucket holds its data. A fenced node stops writing and
 //! refuses appends. Retention deletes objects only after a manifest without them is committed.
+//! Uploads never stop for good: a segment is checked (and repaired, see
+//! `silt_storage`'s `repair` module) before it is scanned, its quarantined ranges are named in
+//! its footer and manifest entry, and any other local failure is logged and retried with
+//! backoff; only a fence or shutdown ends the uploader.
 
 pub mod cold;
 pub mod config;
 pub mod counted;
 pub mod footer;
 pub mod manifest;
+pub mod multipart;
 mod recovery;
 mod retention;
 pub mod store;
@@ -44,8 +51,9 @@ use crate::cold::{ColdStats, ColdStore, ObjectRef};
 pub use crate::config::{AckDurability, Policies, TieringConfig, TopicPolicy, TopicRule};
 use crate::footer::Footer;
 use crate::manifest::{Commit, Manifest, ManifestLog, ObjectEntry, TailEntry};
+use crate::multipart::Multipart;
 use crate::recovery::{read_footer, restore_local};
-use crate::store::{StoreUrl, retry};
+use crate::store::{Backoff, LOCAL_SEGMENT, StoreUrl, retry};
 
 /// The broker's view on its internal streams (sessions, retained pointers, checkpoints), which
 /// share segments with messages: retention may delete a segment only when the broker no
@@ -90,6 +98,15 @@ pub struct TieringStats {
     pub cache_hit_ratio: f64,
     pub objects: u64,
     pub deleted_objects: u64,
+    /// Incomplete multipart uploads of earlier nodes aborted at start-up.
+    pub aborted_uploads: u64,
+    /// Segment uploads that failed locally (a segment that could not be read) and were
+    /// retried.
+    pub upload_failures: u64,
+    /// Quarantined ranges in the segments uploaded since start (named in footers and the
+    /// manifest), and their bytes.
+    pub uploaded_gaps: u64,
+    pub uploaded_gap_bytes: u64,
     pub fenced: bool,
     pub epoch: u64,
 }
@@ -117,6 +134,11 @@ struct Inner {
     put_bytes: AtomicU64,
     deleted: AtomicU64,
     requests: Arc<counted::Requests>,
+    multipart: Multipart,
+    aborted: AtomicU64,
+    upload_failures: AtomicU64,
+    uploaded_gaps: AtomicU64,
+    uploaded_gap_bytes: AtomicU64,
 }
 
 /// Tiering for one node. Created by [`Tiering::prepare`] before the storage engine opens (it
@@ -145,10 +167,9 @@ impl Tiering {
             None => StoreUrl::default_for(data_dir),
         };
         let requests = Arc::new(counted::Requests::default());
-        let store: Arc<dyn ObjectStore> = Arc::new(counted::Counted::new(
-            url.open().map_err(|e| Error::Config(format!("tiering.object_store: {e}")))?,
-            requests.clone(),
-        ));
+        let (raw, multipart) =
+            url.open_with_multipart().map_err(|e| Error::Config(format!("tiering.object_store: {e}")))?;
+        let store: Arc<dyn ObjectStore> = Arc::new(counted::Counted::new(raw, requests.clone()));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("silt-tiering")
@@ -187,7 +208,10 @@ impl Tiering {
             cold_stats.clone(),
         ));
         for o in &mine.objects {
-            cold.add(ObjectRef { base: o.base, end: o.end, key: o.key.clone() });
+            cold.add(ObjectRef { base: o.base, end: o.end, key: o.key.clone(), gaps: o.gaps.clone() });
+        }
+        for t in &mine.tails {
+            cold.add_tail(ObjectRef { base: t.base, end: t.end, key: t.key.clone(), gaps: Vec::new() });
         }
         let (uploaded, _) = watch::channel(mine.covered_end());
         let inner = Arc::new(Inner {
@@ -212,6 +236,11 @@ impl Tiering {
             put_bytes: AtomicU64::new(0),
             deleted: AtomicU64::new(0),
             requests,
+            multipart,
+            aborted: AtomicU64::new(0),
+            upload_failures: AtomicU64::new(0),
+            uploaded_gaps: AtomicU64::new(0),
+            uploaded_gap_bytes: AtomicU64::new(0),
         });
         Ok(Tiering { handle: rt.handle().clone(), rt: Mutex::new(Some(rt)), inner, url, seeds })
     }
@@ -270,20 +299,34 @@ impl Tiering {
                 if seg.base.get() < next_base.max(objects_end) {
                     continue; // listed and announced both; uploaded once
                 }
-                if up.fenced.load(Ordering::Acquire) {
-                    return;
-                }
-                match up.upload(&seg).await {
-                    Ok(()) => next_base = seg.end.get(),
-                    Err(e @ Error::Fenced { .. }) => {
-                        up.fence(&e);
+                // Only local trouble fails an upload (the store's own errors are retried): the
+                // segment is checked afresh and the upload retried, never given up.
+                let mut backoff = Backoff::new();
+                let mut failures = 0u64;
+                loop {
+                    if up.fenced.load(Ordering::Acquire) {
                         return;
                     }
-                    Err(e) => {
-                        // Only local trouble gets here (the store's own errors are retried):
-                        // a segment that cannot be read is a bug or a broken disk.
-                        tracing::error!(error = %e, base = %seg.base, "segment upload failed; uploads stop");
-                        return;
+                    match up.upload(&seg, failures > 0).await {
+                        Ok(()) => {
+                            if failures > 0 {
+                                tracing::info!(base = %seg.base, failures, "segment uploaded after failures");
+                            }
+                            next_base = seg.end.get();
+                            break;
+                        }
+                        Err(e @ Error::Fenced { .. }) => {
+                            up.fence(&e);
+                            return;
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            up.upload_failures.fetch_add(1, Ordering::Relaxed);
+                            if failures == 1 || failures.is_multiple_of(20) {
+                                tracing::error!(error = %e, base = %seg.base, failures, "segment upload failed; retrying");
+                            }
+                            tokio::time::sleep(backoff.next_delay()).await;
+                        }
                     }
                 }
                 up.evict().await;
@@ -398,16 +441,26 @@ impl Inner {
     /// Uploads one sealed segment and commits it to the manifest. The file is streamed (one
     /// PUT when small, a multipart upload otherwise), so memory stays at a few parts; records
     /// of `tier = "local"` topics are withheld from the object.
-    async fn upload(&self, seg: &SealedSegment) -> Result<(), Error> {
+    /// Before the scan, every batch is checked through the storage engine (a bad one healed
+    /// from a tail object or quarantined behind a gap batch); `fresh` checks again batches
+    /// checked before (after a failed attempt).
+    async fn upload(&self, seg: &SealedSegment, fresh: bool) -> Result<(), Error> {
         let len = seg.end.get() - seg.base.get();
         let max_batch = self.storage().config().max_batch_bytes as usize;
         let base = seg.base.get();
-        // First pass: check every batch and build the footer. A failure here is local (a bad
-        // file), not the store's: uploads stop rather than retry it forever.
-        let (file, policies) = (seg.path.clone(), self.policies.clone());
+        let (storage, checked) = (self.storage().clone(), seg.clone());
+        let gaps: Vec<(u64, u64)> = tokio::task::spawn_blocking(move || storage.check_segment(&checked, fresh))
+            .await
+            .map_err(|e| Error::Recovery(e.to_string()))??
+            .into_iter()
+            .map(|(p, n)| (p.get() - base, p.get() - base + n))
+            .collect();
+        // First pass: check every batch and build the footer. A failure here is local (the
+        // file changed since the check?): the caller retries.
+        let (file, policies, known) = (seg.path.clone(), self.policies.clone(), gaps.clone());
         let mut footer = tokio::task::spawn_blocking(move || {
             let withhold = |t: &str, st: &str| policies.withholds(t, st);
-            footer::scan_file(&file, base, len, max_batch, &withhold, &mut |_| Ok(()))
+            footer::scan_file(&file, base, len, max_batch, &known, &withhold, &mut |_| Ok(()))
         })
         .await
         .map_err(|e| Error::Recovery(e.to_string()))?
@@ -423,7 +476,14 @@ impl Inner {
         let tail = footer::encode_tail(&footer);
         let size = len + tail.len() as u64;
         let path = Path::from(key.as_str());
-        retry("upload segment", || self.put_object(seg, &path, tail.clone(), max_batch)).await?;
+        retry("upload segment", || self.put_object(seg, &path, tail.clone(), max_batch, &gaps)).await.map_err(|e| {
+            match e {
+                object_store::Error::Generic { store, source } if store == LOCAL_SEGMENT => {
+                    Error::Recovery(format!("reading {}: {source}", seg.path.display()))
+                }
+                e => Error::Store(e),
+            }
+        })?;
         self.puts.fetch_add(1, Ordering::Relaxed);
         self.put_bytes.fetch_add(size, Ordering::Relaxed);
         let entry = ObjectEntry {
@@ -433,7 +493,17 @@ impl Inner {
             size,
             min_ts: footer.min_ts,
             max_ts: footer.max_ts,
+            gaps: footer.gaps.iter().map(|&(s, e)| (base + s, base + e)).collect(),
         };
+        if !entry.gaps.is_empty() {
+            let bytes: u64 = footer.gaps.iter().map(|(s, e)| e - s).sum();
+            self.uploaded_gaps.fetch_add(footer.gaps.len() as u64, Ordering::Relaxed);
+            self.uploaded_gap_bytes.fetch_add(bytes, Ordering::Relaxed);
+            tracing::warn!(
+                key, gaps = ?entry.gaps, bytes,
+                "segment uploaded with quarantined ranges (their records were lost locally); named in its footer and the manifest"
+            );
+        }
         // The tails of this segment (uploaded for object acknowledgements) are now covered.
         let seg_end = seg.end.get();
         let replaced: Vec<String> = {
@@ -445,7 +515,8 @@ impl Inner {
             m.tails.retain(|t| t.base >= seg_end);
         })
         .await?;
-        self.cold.add(ObjectRef { base, end: seg.end.get(), key });
+        self.cold.add(ObjectRef { base, end: seg.end.get(), key, gaps: entry.gaps.clone() });
+        self.cold.remove_tails_below(seg_end);
         self.footers.lock().expect("invariant: lock not poisoned").insert(base, Arc::new(footer));
         let covered = self.manifest.lock().await.covered_end();
         self.uploaded.send_replace(covered.max(seg_end));
@@ -466,17 +537,18 @@ impl Inner {
         path: &Path,
         tail: Bytes,
         max_batch: usize,
+        gaps: &[(u64, u64)],
     ) -> Result<(), object_store::Error> {
         let len = seg.end.get() - seg.base.get();
         let part = self.cfg.multipart_part_bytes;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-        let (file, policies, base) = (seg.path.clone(), self.policies.clone(), seg.base.get());
+        let (file, policies, base, gaps) = (seg.path.clone(), self.policies.clone(), seg.base.get(), gaps.to_vec());
         let scan = tokio::task::spawn_blocking(move || {
             let withhold = |t: &str, st: &str| policies.withholds(t, st);
             let mut emit = |b: Bytes| tx.blocking_send(b).map_err(|_| "upload attempt ended".to_string());
-            footer::scan_file(&file, base, len, max_batch, &withhold, &mut emit)
+            footer::scan_file(&file, base, len, max_batch, &gaps, &withhold, &mut emit)
         });
-        let local = |e: String| object_store::Error::Generic { store: "local segment", source: e.into() };
+        let local = |e: String| object_store::Error::Generic { store: LOCAL_SEGMENT, source: e.into() };
         if len + tail.len() as u64 <= part {
             let mut pieces = Vec::new();
             while let Some(b) = rx.recv().await {
@@ -616,9 +688,10 @@ impl Inner {
         while from < written.get() {
             let to = written.get().min(from + self.cfg.multipart_part_bytes);
             let s = storage.clone();
-            let bytes = tokio::task::spawn_blocking(move || s.read_log(LogPosition(from), (to - from) as usize))
-                .await
-                .map_err(|e| Error::Recovery(e.to_string()))??;
+            let bytes =
+                tokio::task::spawn_blocking(move || s.read_log_for_upload(LogPosition(from), (to - from) as usize))
+                    .await
+                    .map_err(|e| Error::Recovery(e.to_string()))??;
             let key = format!("tails/{:020}-{from:020}-{:08}.bin", active.get(), self.epoch);
             let path = Path::from(key.as_str());
             retry("upload tail", || self.store.put(&path, PutPayload::from(bytes.clone()))).await?;
@@ -640,6 +713,7 @@ impl Inner {
                 let _ = self.store.delete(&path).await;
                 return Ok(());
             }
+            self.cold.add_tail(ObjectRef { base: from, end: to, key, gaps: Vec::new() });
             self.uploaded.send_replace(to);
             from = to;
         }
@@ -683,6 +757,10 @@ impl Inner {
             cache_hit_ratio: if hits + misses == 0 { 1.0 } else { hits as f64 / (hits + misses) as f64 },
             objects,
             deleted_objects: self.deleted.load(Ordering::Relaxed),
+            aborted_uploads: self.aborted.load(Ordering::Relaxed),
+            upload_failures: self.upload_failures.load(Ordering::Relaxed),
+            uploaded_gaps: self.uploaded_gaps.load(Ordering::Relaxed),
+            uploaded_gap_bytes: self.uploaded_gap_bytes.load(Ordering::Relaxed),
             fenced: self.fenced.load(Ordering::Acquire),
             epoch: self.epoch,
         }

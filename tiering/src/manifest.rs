@@ -81,6 +81,10 @@ pub struct ObjectEntry {
     pub size: u64,
     pub min_ts: i64,
     pub max_ts: i64,
+    /// Log positions `[start, end)` of bytes quarantined before the upload (their records are
+    /// lost): also in the object's footer, named here so the gap shows without reading it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gaps: Vec<(u64, u64)>,
 }
 
 impl Manifest {
@@ -279,7 +283,15 @@ mod tests {
     }
 
     fn object(base: u64) -> ObjectEntry {
-        ObjectEntry { key: format!("segments/{base:020}"), base, end: base + 100, size: 120, min_ts: 0, max_ts: 0 }
+        ObjectEntry {
+            key: format!("segments/{base:020}"),
+            base,
+            end: base + 100,
+            size: 120,
+            min_ts: 0,
+            max_ts: 0,
+            gaps: Vec::new(),
+        }
     }
 
     /// A writer commits 200 versions (objects added, retention moving the start, queue floors,

@@ -62,8 +62,9 @@ pub(crate) async fn restore_local(
         retry("download segment", || download(store, o, &staged)).await?;
         // Every batch's CRC is checked: the object is the segment the manifest names.
         let (base, len, check) = (o.base, o.end - o.base, staged.clone());
+        let gaps: Vec<(u64, u64)> = o.gaps.iter().map(|&(s, e)| (s - o.base, e - o.base)).collect();
         tokio::task::spawn_blocking(move || {
-            footer::scan_file(&check, base, len, max_batch as usize, &|_, _| false, &mut |_| Ok(()))
+            footer::scan_file(&check, base, len, max_batch as usize, &gaps, &|_, _| false, &mut |_| Ok(()))
         })
         .await
         .map_err(|e| Error::Recovery(e.to_string()))?
@@ -121,7 +122,7 @@ async fn restore_tails(store: &Arc<dyn ObjectStore>, m: &Manifest, log_dir: &FsP
 async fn download(store: &Arc<dyn ObjectStore>, o: &ObjectEntry, to: &FsPath) -> Result<(), object_store::Error> {
     use futures_util::StreamExt;
     use tokio::io::AsyncWriteExt;
-    let local = |e: std::io::Error| object_store::Error::Generic { store: "local segment", source: Box::new(e) };
+    let local = |e: std::io::Error| object_store::Error::Generic { store: "local file", source: Box::new(e) };
     let path = Path::from(o.key.as_str());
     let opts = object_store::GetOptions { range: Some((0..o.end - o.base).into()), ..Default::default() };
     let mut body = store.get_opts(&path, opts).await?.into_stream();

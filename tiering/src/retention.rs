@@ -1,6 +1,6 @@
 //! Deleting from the store: retention (a prefix of objects once every topic in them expired and
-//! the broker no longer needs their internal records) and the sweep of objects earlier nodes
-//! left unnamed.
+//! the broker no longer needs their internal records), the sweep of objects earlier nodes left
+//! unnamed, and the abort of the multipart uploads they left incomplete.
 
 use super::*;
 
@@ -13,6 +13,7 @@ impl Inner {
     /// makes, off the read path.
     pub(crate) async fn sweep_orphans(self: Arc<Self>) {
         use futures_util::StreamExt;
+        self.abort_stale_uploads().await;
         let named: std::collections::HashSet<String> = {
             let m = self.manifest.lock().await;
             m.objects.iter().map(|o| o.key.clone()).chain(m.tails.iter().map(|t| t.key.clone())).collect()
@@ -51,6 +52,39 @@ impl Inner {
         if deleted > 0 {
             self.deleted.fetch_add(deleted, Ordering::Relaxed);
             tracing::info!(objects = deleted, "deleted objects earlier nodes left unnamed by any manifest");
+        }
+    }
+
+    /// Aborts the incomplete multipart uploads under `segments/` of older epochs (a crash or a
+    /// fence in the middle of an upload): no node can complete them any more, and the store
+    /// bills their parts. This node's own (in flight) are left alone.
+    async fn abort_stale_uploads(&self) {
+        let uploads = match self.multipart.list().await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing incomplete multipart uploads failed; they stay until the next start");
+                return;
+            }
+        };
+        let mut aborted = 0u64;
+        for u in uploads {
+            if self.fenced.load(Ordering::Acquire) {
+                return;
+            }
+            if object_epoch(&u.key).is_none_or(|epoch| epoch >= self.epoch) {
+                continue;
+            }
+            match self.multipart.abort(&u).await {
+                Ok(()) => {
+                    aborted += 1;
+                    self.aborted.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(key = %u.key, upload_id = %u.id, "aborted an incomplete multipart upload an earlier node left");
+                }
+                Err(e) => tracing::warn!(key = %u.key, error = %e, "an incomplete multipart upload was not aborted"),
+            }
+        }
+        if aborted > 0 {
+            tracing::info!(uploads = aborted, "aborted incomplete multipart uploads earlier nodes left");
         }
     }
 

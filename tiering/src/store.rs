@@ -9,11 +9,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::client::{HttpConnector, ReqwestConnector};
 use object_store::local::LocalFileSystem;
 use object_store::prefix::PrefixStore;
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
 use rand::Rng;
+
+use crate::multipart::{Multipart, S3Uploads};
 
 /// A parsed `tiering.object_store` URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +56,11 @@ impl StoreUrl {
     }
 
     pub fn open(&self) -> Result<Arc<dyn ObjectStore>, String> {
+        self.open_with_multipart().map(|(store, _)| store)
+    }
+
+    /// The store, and where its incomplete multipart uploads can be listed and aborted.
+    pub fn open_with_multipart(&self) -> Result<(Arc<dyn ObjectStore>, Multipart), String> {
         match self {
             StoreUrl::S3 { bucket, prefix } => {
                 let mut client = ClientOptions::new()
@@ -70,20 +78,34 @@ impl StoreUrl {
                 }
                 if allow_http || endpoint.as_deref().is_some_and(|e| e.starts_with("http://")) {
                     client = client.with_allow_http(true);
-                    b = b.with_client_options(client);
+                    b = b.with_client_options(client.clone());
                 }
                 if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
                     b = b.with_region("us-east-1");
                 }
                 let retry =
                     RetryConfig { max_retries: 3, retry_timeout: Duration::from_secs(15), backoff: Default::default() };
+                let region = b.get_config_value(&AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
+                let virtual_hosted =
+                    b.get_config_value(&AmazonS3ConfigKey::VirtualHostedStyleRequest).is_some_and(|v| v == "true");
+                // As object_store derives it (no S3 Express here).
+                let bucket_url = match (&endpoint, virtual_hosted) {
+                    (Some(e), true) => e.clone(),
+                    (Some(e), false) => format!("{}/{bucket}", e.trim_end_matches('/')),
+                    (None, true) => format!("https://{bucket}.s3.{region}.amazonaws.com"),
+                    (None, false) => format!("https://s3.{region}.amazonaws.com/{bucket}"),
+                };
                 let s3 = b.with_retry(retry).build().map_err(|e| e.to_string())?;
-                Ok(if prefix.is_empty() { Arc::new(s3) } else { Arc::new(PrefixStore::new(s3, prefix.as_str())) })
+                let http = ReqwestConnector::default().connect(&client).map_err(|e| e.to_string())?;
+                let uploads = S3Uploads { s3: s3.clone(), client: http, bucket_url, region, prefix: prefix.clone() };
+                let store: Arc<dyn ObjectStore> =
+                    if prefix.is_empty() { Arc::new(s3) } else { Arc::new(PrefixStore::new(s3, prefix.as_str())) };
+                Ok((store, Multipart::S3(Box::new(uploads))))
             }
             StoreUrl::File(path) => {
                 std::fs::create_dir_all(path).map_err(|e| format!("create {}: {e}", path.display()))?;
                 let fs = LocalFileSystem::new_with_prefix(path).map_err(|e| e.to_string())?;
-                Ok(Arc::new(fs))
+                Ok((Arc::new(fs), Multipart::File(path.clone())))
             }
         }
     }
@@ -91,17 +113,25 @@ impl StoreUrl {
 
 /// Whether an error is about the request, not the store's health: retrying cannot help.
 /// Refused credentials are retried (loudly): roles and keys get fixed without a restart.
+/// A failure reading the local segment during an upload is not the store's: retrying the
+/// request cannot help (the uploader checks the segment again and retries the whole upload).
 pub fn is_permanent(e: &object_store::Error) -> bool {
-    matches!(
-        e,
-        object_store::Error::NotFound { .. }
-            | object_store::Error::AlreadyExists { .. }
-            | object_store::Error::Precondition { .. }
-            | object_store::Error::NotSupported { .. }
-            | object_store::Error::NotImplemented { .. }
-            | object_store::Error::InvalidPath { .. }
-    )
+    match e {
+        object_store::Error::Generic { store, .. } => *store == LOCAL_SEGMENT,
+        e => matches!(
+            e,
+            object_store::Error::NotFound { .. }
+                | object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. }
+                | object_store::Error::NotSupported { .. }
+                | object_store::Error::NotImplemented { .. }
+                | object_store::Error::InvalidPath { .. }
+        ),
+    }
 }
+
+/// The `store` of an error that came from reading the local segment, not from the store.
+pub const LOCAL_SEGMENT: &str = "local segment";
 
 /// Capped exponential backoff with full jitter.
 pub struct Backoff {
