@@ -52,6 +52,12 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
         ("bytes/sent", s.bytes_sent.load(Ordering::Relaxed).to_string()),
         ("retained messages/count", broker.retained_count().to_string()),
         ("store/log bytes", (storage.log_end.get() - storage.log_start.get()).to_string()),
+        // Bad disks: batches that failed their checks, healed from a good copy or quarantined
+        // (their records lost), and records dispatch had to skip.
+        ("storage/healed_batches", storage.healed_batches.to_string()),
+        ("storage/quarantined_batches", storage.quarantined_batches.to_string()),
+        ("storage/quarantined_bytes", storage.quarantined_bytes.to_string()),
+        ("storage/skipped_records", storage.skipped_records.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

@@ -82,6 +82,10 @@ pub fn wire(broker: &Arc<Broker>, tiering: &Arc<Tiering>, rt: tokio::runtime::Ha
             ("tiering/cache_hit_ratio".into(), format!("{:.3}", s.cache_hit_ratio)),
             ("tiering/objects".into(), s.objects.to_string()),
             ("tiering/deleted_objects".into(), s.deleted_objects.to_string()),
+            ("tiering/aborted_uploads".into(), s.aborted_uploads.to_string()),
+            ("tiering/upload_failures".into(), s.upload_failures.to_string()),
+            ("tiering/uploaded_gaps".into(), s.uploaded_gaps.to_string()),
+            ("tiering/uploaded_gap_bytes".into(), s.uploaded_gap_bytes.to_string()),
             ("tiering/fenced".into(), u8::from(s.fenced).to_string()),
             ("tiering/epoch".into(), s.epoch.to_string()),
         ]
