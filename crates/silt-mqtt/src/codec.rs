@@ -95,11 +95,23 @@ pub fn decode_connect(buf: &mut BytesMut, max_packet_size: u32) -> Result<Option
     if ty != PacketType::Connect {
         return Err(fail(ProtocolViolation::FirstPacketNotConnect(ty).into()));
     }
-    let Some(frame) = frame(buf, max_packet_size).map_err(fail)? else {
+    // A CONNECT refused for its size still gets a CONNACK in its version when the first
+    // bytes name one.
+    let too_large = |error: DecodeError| ConnectError { version: peek_connect_version(buf), error };
+    let Some(frame) = frame(buf, max_packet_size).map_err(too_large)? else {
         return Ok(None);
     };
     let body = buf.split_to(frame.total_len).freeze().slice(frame.header_len..);
     Connect::decode(Reader::new(body)).map(Some)
+}
+
+/// The protocol version a CONNECT's first bytes name, if enough of them are buffered.
+fn peek_connect_version(buf: &[u8]) -> Option<ProtocolVersion> {
+    let VarInt::Value { len, .. } = parse_var_int(buf.get(1..)?) else { return None };
+    let rest = buf.get(1 + len..)?;
+    let name_len = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
+    let name = std::str::from_utf8(rest.get(2..2 + name_len)?).ok()?;
+    ProtocolVersion::from_name_and_level(name, *rest.get(2 + name_len)?)
 }
 
 impl Packet {

@@ -33,6 +33,13 @@ pub struct Settings {
     pub max_session_expiry: u32,
     /// How long a client has to send its CONNECT.
     pub connect_timeout: Duration,
+    /// Largest CONNECT accepted, fixed header included: kept well below `max_packet_size`,
+    /// since a connection that has not authenticated yet should cost little.
+    pub max_connect_size: u32,
+    /// Most levels a topic name or filter may have (`a/b/c` has 3). A client chooses how deep
+    /// its topics go, and every level costs the broker memory and work; deeper topics are
+    /// refused with Topic Name invalid (0x90) or Topic Filter invalid (0x8F).
+    pub max_topic_levels: u16,
 }
 
 /// Names a request the connection awaits an answer to: a store, a SUBSCRIBE, an UNSUBSCRIBE.
@@ -114,8 +121,15 @@ pub struct OpenRequest {
 pub enum Refusal {
     /// Unknown user or wrong password.
     BadCredentials,
-    /// Authenticated, but not allowed (to connect, or to use that will topic).
+    /// Authenticated, but not allowed (to connect, to use that will topic, or to take over
+    /// a session another user owns).
     NotAuthorized,
+    /// The server cannot check the credentials now (its verifiers are saturated): try again
+    /// later. MQTT 5.0 Server busy (0x89); 3.1.1 Server unavailable (3).
+    ServerBusy,
+    /// The server holds as many connections as it is configured for. MQTT 5.0 Quota exceeded
+    /// (0x97); 3.1.1 Server unavailable (3).
+    QuotaExceeded,
 }
 
 impl Refusal {
@@ -123,6 +137,8 @@ impl Refusal {
         match self {
             Refusal::BadCredentials => ReasonCode::BadUserNameOrPassword,
             Refusal::NotAuthorized => ReasonCode::NotAuthorized,
+            Refusal::ServerBusy => ReasonCode::ServerBusy,
+            Refusal::QuotaExceeded => ReasonCode::QuotaExceeded,
         }
     }
 }

@@ -27,6 +27,13 @@ pub(super) struct Handshake {
 impl<T> Connection<T> {
     pub(super) fn on_connect(&mut self, mut connect: Connect, nonce: u64) {
         self.version = connect.protocol_version;
+        if connect.properties.authentication_method.is_some() {
+            // No extended authentication method is supported (MQTT 5.0 §4.12): refused before
+            // the credentials are even looked at (MQTT-4.12.0-1).
+            self.phase =
+                Phase::Authenticating(Box::new(Handshake { connect, nonce, assigned: None, session_expiry: 0 }));
+            return self.refuse_with(ReasonCode::BadAuthenticationMethod);
+        }
         let credentials = Credentials { username: connect.username.take(), password: connect.password.take() };
         self.phase = Phase::Authenticating(Box::new(Handshake { connect, nonce, assigned: None, session_expiry: 0 }));
         self.events.push_back(Event::Authenticate(credentials));
@@ -82,7 +89,7 @@ impl<T> Connection<T> {
         };
         self.connect_expiry_zero = requested == 0;
         if let Some(w) = &c.will
-            && !valid_topic_name(&w.topic)
+            && (!valid_topic_name(&w.topic) || self.too_deep(&w.topic))
         {
             return self.refuse_with(if v.is_v5() {
                 ReasonCode::TopicNameInvalid

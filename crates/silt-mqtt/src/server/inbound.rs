@@ -17,9 +17,17 @@ pub(super) enum PendingStore {
     /// Handed to the broker under `token`; `answer` once it replied. `repeats` counts resends
     /// of the same QoS 2 message that arrived meanwhile, each owed the same acknowledgement.
     Store { token: Token, id: PacketId, qos: QoS, answer: Option<Stored>, repeats: u16 },
-    /// A resend of a QoS 2 message already stored and acknowledged: PUBREC again, in turn.
-    Resend(PacketId),
+    /// A resend of a QoS 2 message already stored and acknowledged: PUBREC again, in turn,
+    /// once more for each of `repeats` further resends that arrived meanwhile (so a client
+    /// resending one id in a loop grows a counter, not the queue).
+    Resend { id: PacketId, repeats: u16 },
+    /// Refused by the connection itself (never handed to the broker): acknowledged with
+    /// `code` in turn. A refused QoS 2 message is complete with its PUBREC.
+    Refused { id: PacketId, qos: QoS, code: ReasonCode },
 }
+
+/// The Reason String of a refusal for a topic with too many levels.
+pub(super) const TOO_DEEP: &str = "the topic has more levels than this server accepts (mqtt.max_topic_levels)";
 
 impl<T> Connection<T> {
     pub(super) fn on_publish(&mut self, mut p: Publish) {
@@ -32,6 +40,17 @@ impl<T> Connection<T> {
                 "empty topic name without a topic alias, or a wildcard in it",
             ));
         }
+        if !p.properties.subscription_identifiers.is_empty() {
+            // MQTT-3.3.4-6: only the server puts Subscription Identifiers on a PUBLISH.
+            return self
+                .close(Close::Error(ReasonCode::ProtocolError, "a client PUBLISH with a Subscription Identifier"));
+        }
+        let too_deep = self.too_deep(&p.topic);
+        if too_deep && (p.qos == QoS::AtMostOnce || !self.version.is_v5()) {
+            // Nothing to answer a QoS 0 message with, and MQTT 3.1.1 has no negative
+            // acknowledgement: the connection closes (DISCONNECT 0x90 in 5.0).
+            return self.close(Close::Error(ReasonCode::TopicNameInvalid, TOO_DEEP));
+        }
         let Some(id) = p.packet_id.filter(|_| p.qos != QoS::AtMostOnce) else {
             // QoS 0: nobody waits for the store.
             self.events.push_back(Event::Publish { token: None, publish: p });
@@ -41,7 +60,14 @@ impl<T> Connection<T> {
         // Maximum is checked (a client may resend every message it has in flight).
         if p.qos == QoS::ExactlyOnce {
             if self.awaiting_release.contains(&id.get()) {
-                self.stores.push_back(PendingStore::Resend(id));
+                let queued = self.stores.iter_mut().find_map(|s| match s {
+                    PendingStore::Resend { id: i, repeats } if *i == id => Some(repeats),
+                    _ => None,
+                });
+                match queued {
+                    Some(repeats) => *repeats = repeats.saturating_add(1),
+                    None => self.stores.push_back(PendingStore::Resend { id, repeats: 0 }),
+                }
                 return self.flush_acks();
             }
             let pending = self.stores.iter_mut().find_map(|s| match s {
@@ -59,6 +85,13 @@ impl<T> Connection<T> {
                 ReasonCode::ReceiveMaximumExceeded,
                 "more QoS 1/2 messages in flight than the server's Receive Maximum",
             ));
+        }
+        if too_deep {
+            // Refused without the broker (PUBACK/PUBREC 0x90), in its turn among the others.
+            // Counted like a store: refusals queued behind a slow store must not grow without bound.
+            self.stores.push_back(PendingStore::Refused { id, qos: p.qos, code: ReasonCode::TopicNameInvalid });
+            self.stores_counted += 1;
+            return self.flush_acks();
         }
         let token = self.token();
         self.stores.push_back(PendingStore::Store { token, id, qos: p.qos, answer: None, repeats: 0 });
@@ -96,7 +129,15 @@ impl<T> Connection<T> {
                 Some(_) => {}
             }
             match self.stores.pop_front().expect("invariant: front exists") {
-                PendingStore::Resend(id) => self.queue(&Packet::PubRec(PubResponse::new(id))),
+                PendingStore::Resend { id, repeats } => {
+                    for _ in 0..=repeats {
+                        self.queue(&Packet::PubRec(PubResponse::new(id)));
+                    }
+                }
+                PendingStore::Refused { id, qos, code } => {
+                    self.stores_counted -= 1;
+                    self.queue_explained(&ack(id, qos, code), Some(TOO_DEEP.into()));
+                }
                 PendingStore::Store { id, qos, answer, repeats, .. } => {
                     self.stores_counted -= 1;
                     let answer = answer.expect("invariant: only answered stores leave");

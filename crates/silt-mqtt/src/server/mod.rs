@@ -170,7 +170,7 @@ impl<T> Connection<T> {
             self.last_input = now;
         }
         match self.phase {
-            Phase::Connecting { nonce, .. } => match decode_connect(buf, self.settings.max_packet_size) {
+            Phase::Connecting { nonce, .. } => match decode_connect(buf, self.settings.max_connect_size) {
                 Ok(None) => false,
                 Ok(Some(connect)) => {
                     self.on_connect(connect, nonce);
@@ -428,6 +428,13 @@ fn valid_topic_name(topic: &str) -> bool {
     !topic.is_empty() && topic.len() <= silt_types::topic::MAX_TOPIC_LEN && !topic.contains(['+', '#', '\0'])
 }
 
+impl<T> Connection<T> {
+    /// Whether a topic name or filter has more levels than the server accepts.
+    fn too_deep(&self, topic: &str) -> bool {
+        silt_types::level_count(topic) > usize::from(self.settings.max_topic_levels)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,6 +449,8 @@ mod tests {
             server_keep_alive: 0,
             max_session_expiry: 0,
             connect_timeout: Duration::from_secs(1),
+            max_connect_size: 1024,
+            max_topic_levels: 8,
         };
         let mut c: Connection<()> = Connection::new(Instant::now(), settings, 0);
         c.events.push_back(Event::SessionExpiry(1));

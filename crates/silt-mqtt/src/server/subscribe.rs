@@ -54,6 +54,11 @@ impl<T> Connection<T> {
                 options.no_local = false;
                 options.retain_as_published = false;
             }
+            if self.too_deep(&sub.filter) {
+                // Counted on the whole string: a shared subscription's filter is shallower.
+                slots.push(SubscribeSlot::Decided(invalid));
+                continue;
+            }
             let filter = if sub.filter.starts_with("$share/") {
                 let Some(filter) = parse_shared(&sub.filter) else {
                     slots.push(SubscribeSlot::Decided(invalid));

@@ -39,6 +39,8 @@ pub fn settings() -> Settings {
         server_keep_alive: 0,
         max_session_expiry: u32::MAX,
         connect_timeout: Duration::from_secs(10),
+        max_connect_size: 4096,
+        max_topic_levels: 8,
     }
 }
 

@@ -7,6 +7,7 @@ mod harness;
 mod handshake;
 mod inbound;
 mod lifecycle;
+mod limits;
 mod outbound;
 mod reasons;
 mod subscribe;
