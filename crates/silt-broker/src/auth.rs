@@ -19,16 +19,34 @@
 //! subscription must lie inside a granted pattern (`a/+/c` inside `a/#`); messages whose topic
 //! falls under a `deny` rule are not delivered even to a broader subscription.
 //!
+//! A `pattern` rule never grants through a substituted value that contains `+`, `#` or `/`:
+//! a client id of `#` would otherwise turn `devices/%c/#` into `devices/#/#`-like wildcards
+//! and reach every device (mosquitto's CVE-2017-7650). Such a `deny` rule still denies.
+//!
+//! A session belongs to the user who created it: with a password file, another user
+//! connecting with its client id is refused (CONNACK 0x87) unless a `takeover` rule in that
+//! user's block names the client id (`takeover sensor-17`, or a prefix: `takeover sensor-*`,
+//! or `takeover *`).
+//!
 //! Anonymous clients (no username) are accepted per `allow_anonymous`: by default only from
-//! loopback addresses. Passwords are never logged.
+//! loopback addresses. An ACL file without a password file is refused at start-up unless
+//! `allow_unauthenticated_usernames = true` says that usernames are claims, not identities.
+//! Passwords are verified by a bounded pool ([`verify`]). Passwords are never logged.
+
+pub mod verify;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{PasswordHasher, SaltString};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use silt_types::filter_matches;
+
+use self::verify::{StoredHash, Verdict, Verifier, VerifyLimits};
 
 /// Who may connect without a username.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,7 +60,7 @@ pub enum AnonymousPolicy {
 }
 
 /// The `[mqtt.auth]` settings.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// File of `username:argon2-hash` lines; unset: usernames are not checked.
@@ -50,6 +68,53 @@ pub struct AuthConfig {
     /// mosquitto-style ACL file; unset: every client may publish and subscribe everywhere.
     pub acl_file: Option<PathBuf>,
     pub allow_anonymous: AnonymousPolicy,
+    /// With an ACL file but no password file, usernames are claims anyone can make: refused
+    /// unless this says so.
+    pub allow_unauthenticated_usernames: bool,
+    /// Threads verifying passwords (each holds argon2's memory, 19 MiB by default).
+    pub verify_threads: usize,
+    /// Verifications waiting at most, across clients; more are answered "server busy".
+    pub verify_queue: usize,
+    /// How long a verification may wait for a thread (ms) before "server busy".
+    pub verify_timeout_ms: u64,
+    /// How long a successful verification is remembered (s), so a reconnect skips argon2;
+    /// 0: never.
+    pub verified_cache_secs: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            password_file: None,
+            acl_file: None,
+            allow_anonymous: AnonymousPolicy::default(),
+            allow_unauthenticated_usernames: false,
+            verify_threads: 2,
+            verify_queue: 256,
+            verify_timeout_ms: 3000,
+            verified_cache_secs: 600,
+        }
+    }
+}
+
+impl AuthConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.acl_file.is_some() && self.password_file.is_none() && !self.allow_unauthenticated_usernames {
+            return Err("mqtt.auth.acl_file: set without mqtt.auth.password_file, so any client could claim any \
+                        username and its rules; set a password_file, or allow_unauthenticated_usernames = true"
+                .into());
+        }
+        if self.verify_threads == 0 || self.verify_threads > 64 {
+            return Err("mqtt.auth.verify_threads: must be between 1 and 64".into());
+        }
+        if self.verify_queue == 0 {
+            return Err("mqtt.auth.verify_queue: must be at least 1".into());
+        }
+        if self.verify_timeout_ms == 0 {
+            return Err("mqtt.auth.verify_timeout_ms: must be greater than 0".into());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +144,8 @@ struct Acl {
     anonymous: Vec<Rule>,
     users: HashMap<String, Vec<Rule>>,
     everyone: Vec<Rule>,
+    /// Client ids (exact, or a prefix ending in `*`) whose sessions a user may take over.
+    takeover: HashMap<String, Vec<String>>,
 }
 
 /// Why a CONNECT is refused.
@@ -86,60 +153,114 @@ struct Acl {
 pub enum AuthError {
     BadCredentials,
     NotAuthorized,
+    /// The password could not be checked now (the verifiers are saturated).
+    Busy,
 }
 
-#[derive(Debug, Default)]
 pub struct Auth {
-    passwords: Option<HashMap<String, String>>,
+    passwords: Option<HashMap<String, Arc<StoredHash>>>,
+    /// What unknown users are verified against, so they take as long as known ones.
+    dummy: Arc<StoredHash>,
+    verifier: Option<Verifier>,
     acl: Option<Acl>,
     anonymous: AnonymousPolicy,
 }
 
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("users", &self.passwords.as_ref().map(HashMap::len))
+            .field("acl", &self.acl.is_some())
+            .field("anonymous", &self.anonymous)
+            .finish()
+    }
+}
+
 impl Auth {
-    /// Loads the configured files; errors name the file and line.
+    /// Loads the configured files; errors name the file and line. Starts the password
+    /// verifiers when there is a password file.
     pub fn load(cfg: &AuthConfig) -> Result<Auth, String> {
+        cfg.validate()?;
         let passwords = cfg.password_file.as_deref().map(load_passwords).transpose()?;
         let acl = cfg.acl_file.as_deref().map(load_acl).transpose()?;
-        Ok(Auth { passwords, acl, anonymous: cfg.allow_anonymous })
+        if acl.is_some() && passwords.is_none() {
+            tracing::warn!(
+                "mqtt.auth: an ACL file without a password file (allow_unauthenticated_usernames = true): \
+                 usernames are not verified, and any client may claim any user's rules"
+            );
+        }
+        let verifier = passwords.as_ref().map(|_| {
+            Verifier::start(VerifyLimits {
+                threads: cfg.verify_threads,
+                queue: cfg.verify_queue,
+                timeout: Duration::from_millis(cfg.verify_timeout_ms),
+                cache_for: Duration::from_secs(cfg.verified_cache_secs),
+            })
+        });
+        let dummy = Arc::new(if passwords.is_some() { StoredHash::dummy() } else { placeholder_hash() });
+        Ok(Auth { passwords, dummy, verifier, acl, anonymous: cfg.allow_anonymous })
     }
 
-    /// Whether authenticating `username` runs an argon2 verification (slow on purpose).
-    pub fn verifies_password(&self, username: Option<&str>) -> bool {
-        username.is_some() && self.passwords.is_some()
+    /// No password file, no ACL, loopback-only anonymous access: what `silt serve` runs with
+    /// by default.
+    pub fn open() -> Auth {
+        Auth {
+            passwords: None,
+            dummy: Arc::new(placeholder_hash()),
+            verifier: None,
+            acl: None,
+            anonymous: AnonymousPolicy::default(),
+        }
     }
 
     pub fn has_acl(&self) -> bool {
         self.acl.is_some()
     }
 
-    /// Checks a CONNECT's credentials. CPU-heavy when a password is verified (argon2): call it
-    /// off the async runtime.
-    pub fn authenticate(
+    /// Whether usernames are verified (a password file is set): only then does a session
+    /// belong to a user.
+    pub fn usernames_verified(&self) -> bool {
+        self.passwords.is_some()
+    }
+
+    /// Checks a CONNECT's credentials. A password is verified on the bounded pool of
+    /// [`verify`]: this never blocks the caller's thread.
+    pub async fn authenticate(
         &self,
         username: Option<&str>,
-        password: Option<&[u8]>,
+        password: Option<&Bytes>,
         peer: SocketAddr,
     ) -> Result<(), AuthError> {
-        let Some(user) = username else {
-            return match self.anonymous {
-                AnonymousPolicy::Always => Ok(()),
-                AnonymousPolicy::Loopback if peer.ip().is_loopback() => Ok(()),
-                _ => Err(AuthError::NotAuthorized),
-            };
+        let anonymous = || match self.anonymous {
+            AnonymousPolicy::Always => Ok(()),
+            AnonymousPolicy::Loopback if peer.ip().is_loopback() => Ok(()),
+            _ => Err(AuthError::NotAuthorized),
         };
-        let Some(passwords) = &self.passwords else {
-            // No password file: a username is a name, not a credential.
-            return match self.anonymous {
-                AnonymousPolicy::Always => Ok(()),
-                AnonymousPolicy::Loopback if peer.ip().is_loopback() => Ok(()),
-                _ => Err(AuthError::NotAuthorized),
-            };
+        let Some(user) = username else { return anonymous() };
+        // No password file: a username is a name, not a credential.
+        let (Some(passwords), Some(verifier)) = (&self.passwords, &self.verifier) else { return anonymous() };
+        // An unknown user, or no password, costs as much as a wrong password.
+        let (hash, known) = match (passwords.get(user), password) {
+            (Some(h), Some(_)) => (h.clone(), Some(user)),
+            _ => (self.dummy.clone(), None),
         };
-        let (Some(phc), Some(password)) = (passwords.get(user), password) else {
-            return Err(AuthError::BadCredentials);
-        };
-        let parsed = PasswordHash::new(phc).map_err(|_| AuthError::BadCredentials)?;
-        argon2::Argon2::default().verify_password(password, &parsed).map_err(|_| AuthError::BadCredentials)
+        let password = password.cloned().unwrap_or_default();
+        match verifier.verify(hash, known, password, peer).await {
+            Verdict::Valid => Ok(()),
+            Verdict::Invalid => Err(AuthError::BadCredentials),
+            Verdict::Busy => Err(AuthError::Busy),
+        }
+    }
+
+    /// May `user` take over the session of `client_id` that another user created?
+    pub fn allows_takeover(&self, user: Option<&str>, client_id: &str) -> bool {
+        let (Some(acl), Some(user)) = (&self.acl, user) else { return false };
+        acl.takeover.get(user).is_some_and(|ids| {
+            ids.iter().any(|id| match id.strip_suffix('*') {
+                Some(prefix) => client_id.starts_with(prefix),
+                None => id == client_id,
+            })
+        })
     }
 
     /// May `user`/`client_id` publish to (`Write`) or receive from (`Read`) topic `name`?
@@ -158,9 +279,19 @@ impl Auth {
             Some(u) => acl.users.get(u).map(Vec::as_slice).unwrap_or_default(),
             None => acl.anonymous.as_slice(),
         };
+        // A substituted value must never widen a grant: `+`, `#` and `/` in a username or
+        // client id would become wildcards or extra levels.
+        let unsafe_value = |v: &str| v.contains(['+', '#', '/']);
+        let unsafe_user = user.is_some_and(unsafe_value);
+        let unsafe_client = unsafe_value(client_id);
         let mut granted = false;
         for rule in own.iter().chain(&acl.everyone) {
             let pattern = if rule.substitute {
+                let widened =
+                    (unsafe_user && rule.pattern.contains("%u")) || (unsafe_client && rule.pattern.contains("%c"));
+                if widened && rule.grant != Grant::Deny {
+                    continue;
+                }
                 rule.pattern.replace("%u", user.unwrap_or("")).replace("%c", client_id)
             } else {
                 rule.pattern.clone()
@@ -206,18 +337,24 @@ fn read(path: &Path) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn load_passwords(path: &Path) -> Result<HashMap<String, String>, String> {
+/// A stand-in where no password is ever verified (no password file).
+fn placeholder_hash() -> StoredHash {
+    StoredHash::parse("$argon2id$v=19$m=8,t=1,p=1$c2lsdHNpbHQ$AAAAAAAAAAAAAAAAAAAAAA")
+        .expect("invariant: a valid PHC string")
+}
+
+fn load_passwords(path: &Path) -> Result<HashMap<String, Arc<StoredHash>>, String> {
     let mut out = HashMap::new();
     for (i, line) in read(path)?.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let (user, phc) = line
-            .split_once(':')
-            .filter(|(u, p)| !u.is_empty() && PasswordHash::new(p).is_ok())
-            .ok_or_else(|| format!("{}:{}: expected `username:argon2-hash`", path.display(), i + 1))?;
-        out.insert(user.to_owned(), phc.to_owned());
+        let at = |why: &str| format!("{}:{}: {why}", path.display(), i + 1);
+        let (user, phc) =
+            line.split_once(':').filter(|(u, _)| !u.is_empty()).ok_or_else(|| at("expected `username:argon2-hash`"))?;
+        let hash = StoredHash::parse(phc).map_err(|e| at(&format!("not an argon2 hash: {e}")))?;
+        out.insert(user.to_owned(), Arc::new(hash));
     }
     Ok(out)
 }
@@ -238,6 +375,15 @@ fn load_acl(path: &Path) -> Result<Acl, String> {
             "user" => {
                 let name = words.next().ok_or_else(|| bad("`user` needs a name"))?;
                 current = Some(name.to_owned());
+            }
+            "takeover" => {
+                let id =
+                    words.next().ok_or_else(|| bad("`takeover` needs a client id, a prefix ending in `*`, or `*`"))?;
+                if id.strip_suffix('*').unwrap_or(id).contains('*') {
+                    return Err(bad("`takeover`: `*` may only end the client id"));
+                }
+                let user = current.as_ref().ok_or_else(|| bad("`takeover` belongs in a `user` block"))?;
+                acl.takeover.entry(user.clone()).or_default().push(id.to_owned());
             }
             "topic" | "pattern" => {
                 let rest: Vec<&str> = words.collect();
@@ -272,7 +418,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("acl");
         std::fs::write(&p, text).unwrap();
-        Auth::load(&AuthConfig { acl_file: Some(p), ..AuthConfig::default() }).unwrap()
+        let cfg = AuthConfig { acl_file: Some(p), allow_unauthenticated_usernames: true, ..AuthConfig::default() };
+        Auth::load(&cfg).unwrap()
     }
 
     #[test]
@@ -289,6 +436,48 @@ mod tests {
         assert!(!a.allows_subscribe(Some("alice"), "c1", "#"), "a subscription must lie inside a grant");
     }
 
+    /// mosquitto's CVE-2017-7650: a client id or username of `+`, `#` or with `/` must not
+    /// turn a pattern into a wildcard over other devices' topics.
+    #[test]
+    fn substituted_wildcards_and_separators_grant_nothing() {
+        let a = acl("pattern readwrite devices/%c/#\npattern read users/%u/+\npattern deny devices/%c/locked\n");
+        for id in ["+", "#", "dev7/../dev8", "a/b"] {
+            assert!(!a.allows_topic(None, id, Access::Write, "devices/dev8/cmd"), "client id {id:?}");
+            assert!(!a.allows_subscribe(None, id, "devices/+/cmd"), "client id {id:?}");
+            assert!(!a.allows_subscribe(None, id, "devices/#"), "client id {id:?}");
+        }
+        assert!(!a.allows_topic(Some("#"), "c", Access::Read, "users/bob/inbox"));
+        assert!(!a.allows_topic(Some("bob/x"), "c", Access::Read, "users/bob/x"));
+        assert!(a.allows_topic(Some("bob"), "c", Access::Read, "users/bob/inbox"), "a plain username still works");
+        assert!(a.allows_topic(None, "dev8", Access::Write, "devices/dev8/cmd"), "and a plain client id");
+        // A deny rule with such a value still denies (it can only deny more).
+        let d = acl("topic readwrite devices/#\npattern deny devices/%c/#\n");
+        assert!(!d.allows_topic(None, "+", Access::Write, "devices/dev8/cmd"));
+    }
+
+    #[test]
+    fn takeover_rules_name_client_ids_or_prefixes_per_user() {
+        let a = acl("user admin\ntakeover sensor-*\ntakeover gw1\nuser bob\ntopic read x\n");
+        assert!(a.allows_takeover(Some("admin"), "sensor-17"));
+        assert!(a.allows_takeover(Some("admin"), "gw1"));
+        assert!(!a.allows_takeover(Some("admin"), "gw12"));
+        assert!(!a.allows_takeover(Some("bob"), "sensor-17"));
+        assert!(!a.allows_takeover(None, "sensor-17"));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("acl");
+        std::fs::write(&p, "takeover *\n").unwrap();
+        let cfg = AuthConfig { acl_file: Some(p), allow_unauthenticated_usernames: true, ..AuthConfig::default() };
+        assert!(Auth::load(&cfg).unwrap_err().contains("acl:1"));
+    }
+
+    #[test]
+    fn an_acl_without_a_password_file_is_refused_unless_usernames_are_declared_unverified() {
+        let cfg = AuthConfig { acl_file: Some("acl".into()), ..AuthConfig::default() };
+        let err = cfg.validate().unwrap_err();
+        assert!(err.starts_with("mqtt.auth.acl_file") && err.contains("allow_unauthenticated_usernames"), "{err}");
+        assert_eq!(AuthConfig { allow_unauthenticated_usernames: true, ..cfg }.validate(), Ok(()));
+    }
+
     #[test]
     fn coverage_of_filters() {
         assert!(covered_by("a/+/c", "a/#"));
@@ -299,18 +488,48 @@ mod tests {
         assert!(!covered_by("$SYS/x", "#"));
     }
 
-    #[test]
-    fn passwords_verify_against_argon2_hashes() {
+    #[tokio::test]
+    async fn passwords_verify_against_argon2_hashes_and_unknown_users_cost_a_verification_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("passwd");
+        std::fs::write(&p, format!("alice:{}\n", hash_password("s3cret").unwrap())).unwrap();
+        let cfg = AuthConfig { password_file: Some(p), verified_cache_secs: 0, ..AuthConfig::default() };
+        let a = Auth::load(&cfg).unwrap();
+        let pw = |s: &'static str| Some(Bytes::from_static(s.as_bytes()));
+        let runs = || a.verifier.as_ref().unwrap().verifications();
+        let peer = |i: u8| SocketAddr::from(([10, 0, 0, i], 1));
+        assert_eq!(a.authenticate(Some("alice"), pw("s3cret").as_ref(), peer(1)).await, Ok(()));
+        assert_eq!(runs(), 1);
+        assert_eq!(a.authenticate(Some("alice"), pw("nope").as_ref(), peer(2)).await, Err(AuthError::BadCredentials));
+        assert_eq!(runs(), 2);
+        // An unknown user, and a known one without a password, run argon2 all the same.
+        assert_eq!(
+            a.authenticate(Some("mallory"), pw("s3cret").as_ref(), peer(3)).await,
+            Err(AuthError::BadCredentials)
+        );
+        assert_eq!(runs(), 3);
+        assert_eq!(a.authenticate(Some("alice"), None, peer(4)).await, Err(AuthError::BadCredentials));
+        assert_eq!(runs(), 4);
+        assert_eq!(a.authenticate(None, None, peer(5)).await, Err(AuthError::NotAuthorized));
+        assert_eq!(a.authenticate(None, None, "127.0.0.1:1".parse().unwrap()).await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_verified_password_is_remembered_and_a_wrong_one_never_is() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("passwd");
         std::fs::write(&p, format!("alice:{}\n", hash_password("s3cret").unwrap())).unwrap();
         let a = Auth::load(&AuthConfig { password_file: Some(p), ..AuthConfig::default() }).unwrap();
-        let peer: SocketAddr = "10.0.0.1:1".parse().unwrap();
-        assert_eq!(a.authenticate(Some("alice"), Some(b"s3cret"), peer), Ok(()));
-        assert_eq!(a.authenticate(Some("alice"), Some(b"nope"), peer), Err(AuthError::BadCredentials));
-        assert_eq!(a.authenticate(Some("mallory"), Some(b"s3cret"), peer), Err(AuthError::BadCredentials));
-        assert_eq!(a.authenticate(None, None, peer), Err(AuthError::NotAuthorized));
-        assert_eq!(a.authenticate(None, None, "127.0.0.1:1".parse().unwrap()), Ok(()));
+        let runs = || a.verifier.as_ref().unwrap().verifications();
+        let peer = SocketAddr::from(([10, 0, 0, 1], 1));
+        let good = Some(Bytes::from_static(b"s3cret"));
+        let bad = Some(Bytes::from_static(b"s3creT"));
+        assert_eq!(a.authenticate(Some("alice"), good.as_ref(), peer).await, Ok(()));
+        assert_eq!(a.authenticate(Some("alice"), good.as_ref(), peer).await, Ok(()));
+        assert_eq!(runs(), 1, "the reconnect skipped argon2");
+        assert_eq!(a.authenticate(Some("alice"), bad.as_ref(), peer).await, Err(AuthError::BadCredentials));
+        assert_eq!(a.authenticate(Some("alice"), bad.as_ref(), peer).await, Err(AuthError::BadCredentials));
+        assert_eq!(runs(), 3, "every wrong password costs a full verification");
     }
 
     #[test]
@@ -318,7 +537,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("acl");
         std::fs::write(&p, "user a\ntopic sometimes x\n").unwrap();
-        let err = Auth::load(&AuthConfig { acl_file: Some(p), ..AuthConfig::default() }).unwrap_err();
+        let cfg = AuthConfig { acl_file: Some(p), allow_unauthenticated_usernames: true, ..AuthConfig::default() };
+        let err = Auth::load(&cfg).unwrap_err();
         assert!(err.contains("acl:2"), "{err}");
     }
 }

@@ -20,8 +20,8 @@ use crate::retained::{RETAINED_COPY_STREAM, RETAINED_STREAM, RetainedStore};
 pub use crate::router::{ConnId, Router};
 pub use crate::session::{GroupRef, Session, SessionRef, SharedGroup};
 use crate::session::{
-    SESSIONS_STREAM, SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions, parse_shared,
-    queue_for,
+    SESSIONS_STREAM, SessionOwner, SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions,
+    parse_shared, queue_for,
 };
 
 /// A held per-filter lock ([`Broker::lock_filter`]).
@@ -121,6 +121,13 @@ pub trait TopicTiers: Send + Sync + 'static {
 /// Resolves once a submitted message is durable (see [`Broker::submit`]).
 pub type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = silt_storage::Result<Appended>> + Send>>;
 
+/// Why [`Broker::connect`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectRefused {
+    /// The session belongs to another user (CONNACK 0x87).
+    NotOwner,
+}
+
 /// What [`Broker::connect`] decided.
 pub struct Connected {
     pub session: SessionRef,
@@ -141,7 +148,8 @@ impl Broker {
         auth: crate::auth::Auth,
     ) -> silt_storage::Result<Arc<Broker>> {
         storage.wait_dispatched_blocking(storage.stats().log_end)?;
-        let (retained, retained_replayed) = RetainedStore::load(&storage)?;
+        let max_levels = usize::from(config.max_topic_levels);
+        let (retained, retained_replayed) = RetainedStore::load(&storage, max_levels)?;
         if internal::worth_compacting(retained_replayed, retained.len()) {
             let start = internal::stream_end(&storage, RETAINED_STREAM)?;
             storage.append_blocking(&retained.dump())?;
@@ -163,7 +171,22 @@ impl Broker {
         let now = Timestamp::now();
         let (group_snaps, snapshots): (Vec<_>, Vec<_>) =
             snapshots.into_iter().partition(|(id, _)| id.starts_with("$share/"));
+        let too_deep = |filter: &str| {
+            let deep = silt_types::level_count(filter) > max_levels;
+            if deep {
+                tracing::warn!(
+                    levels = silt_types::level_count(filter),
+                    max_topic_levels = max_levels,
+                    filter_start = %crate::log_prefix(filter),
+                    "subscription deeper than mqtt.max_topic_levels dropped"
+                );
+            }
+            deep
+        };
         for (key, snap) in group_snaps {
+            if too_deep(&key) {
+                continue;
+            }
             let mut subs = Subscriptions::default();
             for st in snap.subscriptions {
                 let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
@@ -177,7 +200,8 @@ impl Broker {
         }
         for (id, snap) in snapshots {
             let mut s = Session::new(&id, snap.expiry_secs);
-            for m in snap.shared {
+            s.owner = snap.owner;
+            for m in snap.shared.into_iter().filter(|m| !too_deep(&m.key)) {
                 match state.groups.get(&m.key) {
                     Some(g) => {
                         g.try_lock().expect("invariant: no other user at start-up").members += 1;
@@ -198,14 +222,47 @@ impl Broker {
             }
             // A session that was connected when the broker stopped is offline from now on.
             s.disconnected_at = Some(snap.disconnected_at.map_or(now, Timestamp));
-            for st in snap.subscriptions {
+            for st in snap.subscriptions.into_iter().filter(|st| !too_deep(&st.filter)) {
                 let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
                 *state.filter_refs.entry(st.filter.clone()).or_default() += 1;
                 s.subs.subs.insert(st.filter.clone(), Subscription::new(st, queue_for(&f)));
             }
             state.sessions.insert(id, Arc::new(tokio::sync::Mutex::new(s)));
         }
-        state.groups.retain(|_, g| g.try_lock().map_or(true, |g| g.members > 0));
+        // Groups no session is a member of any more end here, with their filter reference.
+        let memberless: Vec<String> = state
+            .groups
+            .iter()
+            .filter(|(_, g)| g.try_lock().is_ok_and(|g| g.members == 0))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in memberless {
+            state.groups.remove(&key);
+            if let Some((_, f)) = parse_shared(&key)
+                && let Some(n) = state.filter_refs.get_mut(f.as_str())
+            {
+                *n -= 1;
+                if *n == 0 {
+                    state.filter_refs.remove(f.as_str());
+                }
+            }
+        }
+        // Filter queues nobody subscribes through any more (their subscriptions were dropped
+        // above, or a crash came between the last unsubscribe and the drop) would be
+        // dispatched into forever.
+        let mut dropped = 0usize;
+        for f in storage.filters()? {
+            if state.filter_refs.contains_key(&f) {
+                continue;
+            }
+            if let Ok(filter) = TopicFilter::new(f) {
+                storage.drop_filter_blocking(&filter)?;
+                dropped += 1;
+            }
+        }
+        if dropped > 0 {
+            tracing::info!(filters = dropped, "filter queues without subscriptions dropped");
+        }
         tracing::info!(
             sessions = state.sessions.len(),
             groups = state.groups.len(),
@@ -234,15 +291,38 @@ impl Broker {
         self.state.lock().expect("invariant: lock not poisoned")
     }
 
-    /// Attaches a connection to the session of `client_id`, taking it over from any other
-    /// connection. `clean_start` discards an existing session.
-    pub async fn connect(&self, client_id: &str, clean_start: bool, expiry_secs: u32) -> Connected {
+    /// Attaches a connection of `user` to the session of `client_id`, taking it over from any
+    /// other connection. `clean_start` discards an existing session. With verified usernames
+    /// (a password file), a session another user created is refused — its connection is not
+    /// even disturbed — unless an ACL `takeover` rule lets `user` have it.
+    pub async fn connect(
+        &self,
+        client_id: &str,
+        user: Option<&str>,
+        clean_start: bool,
+        expiry_secs: u32,
+    ) -> Result<Connected, ConnectRefused> {
+        let owner = SessionOwner { user: user.map(str::to_owned) };
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let kicked = Arc::new(Notify::new());
-        let (existing, old_owner) = {
+        let (existing, old_owner) = loop {
+            let checked = self.state().sessions.get(client_id).cloned();
+            if let Some(s) = &checked
+                && self.auth.usernames_verified()
+            {
+                let theirs = s.lock().await.owner.clone();
+                if theirs.is_some_and(|o| o != owner) && !self.auth.allows_takeover(user, client_id) {
+                    return Err(ConnectRefused::NotOwner);
+                }
+            }
             let mut st = self.state();
+            // The session checked must still be the one there (none, or the same).
+            let now = st.sessions.get(client_id);
+            if now.map(Arc::as_ptr) != checked.as_ref().map(Arc::as_ptr) {
+                continue;
+            }
             let old = st.owners.insert(client_id.to_owned(), Owner { conn, kick: kicked.clone() });
-            (st.sessions.get(client_id).cloned(), old)
+            break (checked, old);
         };
         if let Some(old) = old_owner {
             old.kick.notify_one();
@@ -263,8 +343,9 @@ impl Broker {
             }
             None => (self.new_session(client_id, expiry_secs), false),
         };
+        session.lock().await.owner = Some(owner);
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
-        Connected { session, session_present: present, conn, kicked }
+        Ok(Connected { session, session_present: present, conn, kicked })
     }
 
     fn new_session(&self, client_id: &str, expiry_secs: u32) -> SessionRef {

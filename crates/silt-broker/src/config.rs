@@ -9,6 +9,13 @@ pub struct MqttConfig {
     pub listen: String,
     /// Largest packet accepted from a client, in bytes (checked before the body is read).
     pub max_packet_size: u32,
+    /// Largest CONNECT accepted, in bytes: a connection that has not authenticated yet holds
+    /// at most this much (a will payload included).
+    pub max_connect_size: u32,
+    /// Most levels a topic name or filter may have (`a/b/c` has 3): PUBLISH, SUBSCRIBE and
+    /// will topics deeper than this are refused, and retained messages or subscriptions
+    /// deeper than this are skipped when the broker starts.
+    pub max_topic_levels: u16,
     /// QoS 1/2 messages the broker keeps in flight to one client, unless the client asks for
     /// fewer (MQTT 5 Receive Maximum).
     pub max_inflight: u16,
@@ -24,8 +31,13 @@ pub struct MqttConfig {
     pub server_keep_alive_secs: u16,
     /// How often a connected session's cursors are persisted while messages flow (ms).
     pub cursor_commit_ms: u64,
-    /// Connections accepted at once; more are refused.
+    /// Connections whose CONNECT was accepted, at once; more CONNECTs are refused with
+    /// Quota exceeded (0x97).
     pub max_connections: usize,
+    /// Connections not yet through their CONNECT (TLS/WebSocket handshake, CONNECT,
+    /// credentials) at once. When full, the oldest still sending its handshake is closed to
+    /// make room, so idle sockets cannot keep clients out.
+    pub max_pending_connections: usize,
     /// Passwords, ACLs and anonymous access (`[mqtt.auth]`).
     pub auth: crate::auth::AuthConfig,
     /// Seconds between `$SYS/` statistics publications (0: off).
@@ -46,6 +58,8 @@ impl Default for MqttConfig {
         Self {
             listen: "127.0.0.1:1883".into(),
             max_packet_size: 1 << 20,
+            max_connect_size: 64 << 10,
+            max_topic_levels: 128,
             max_inflight: 64,
             receive_maximum: 256,
             topic_alias_maximum: 64,
@@ -53,6 +67,7 @@ impl Default for MqttConfig {
             server_keep_alive_secs: 0,
             cursor_commit_ms: 500,
             max_connections: 100_000,
+            max_pending_connections: 1024,
             auth: crate::auth::AuthConfig::default(),
             sys_interval_secs: 10,
             tls: None,
@@ -71,6 +86,12 @@ impl MqttConfig {
         if self.max_packet_size < 64 {
             return bad("max_packet_size", "must be at least 64");
         }
+        if self.max_connect_size < 64 || self.max_connect_size > self.max_packet_size {
+            return bad("max_connect_size", "must be at least 64 and at most max_packet_size");
+        }
+        if self.max_topic_levels == 0 || usize::from(self.max_topic_levels) > silt_types::topic::MAX_TOPIC_LEVELS {
+            return bad("max_topic_levels", "must be between 1 and 32768");
+        }
         if self.max_inflight == 0 {
             return bad("max_inflight", "must be at least 1");
         }
@@ -83,6 +104,10 @@ impl MqttConfig {
         if self.max_connections == 0 {
             return bad("max_connections", "must be at least 1");
         }
+        if self.max_pending_connections == 0 {
+            return bad("max_pending_connections", "must be at least 1");
+        }
+        self.auth.validate()?;
         if let Some(t) = &self.tls {
             check_listener("mqtt.tls", &t.listen, None, Some((&t.cert_file, &t.key_file)))?;
         }

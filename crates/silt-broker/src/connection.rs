@@ -26,12 +26,14 @@ use silt_mqtt::{PacketId, PublishProperties, Will};
 use silt_storage::Appended;
 use silt_types::{Offset, Timestamp};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 
+use crate::admission::{Admission, PendingSlot};
 use crate::auth::{Access, AuthError};
 use crate::broker::{AckFuture, Broker, ConnId, GroupRef, SessionRef};
 use crate::config::MqttConfig;
+use crate::log_limit::{self, LogLimit};
 use crate::message::Message;
 use crate::session::OutboundQos2;
 
@@ -55,8 +57,20 @@ type Core = server::Connection<Inflight>;
 /// The core's last event: why it closed, and the will to publish.
 type Closed = (Close, Option<DelayedWill>);
 
-pub(crate) async fn run<S>(broker: Arc<Broker>, stream: S, peer: SocketAddr, shutdown: watch::Receiver<bool>)
-where
+/// A connection's admission: the pending slot it holds until its CONNECT is answered, and
+/// the pool its open slot comes from.
+pub(crate) struct Admitted {
+    pub slot: PendingSlot,
+    pub admission: Arc<Admission>,
+}
+
+pub(crate) async fn run<S>(
+    broker: Arc<Broker>,
+    stream: S,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+    admitted: Admitted,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, wr) = tokio::io::split(stream);
@@ -65,7 +79,7 @@ where
     let core = Core::new(Instant::now().into_std(), settings(&broker.config), rand_u64());
     // The rarely-run steps are boxed so that the future every connection keeps alive stays
     // small: its size is that of its largest state.
-    let mut conn = match Box::pin(Conn::accept(broker, rd, wr, inbuf, core, peer, shutdown)).await {
+    let mut conn = match Box::pin(Conn::accept(broker, rd, wr, inbuf, core, peer, shutdown, admitted)).await {
         Some(c) => c,
         None => return,
     };
@@ -83,6 +97,8 @@ fn settings(cfg: &MqttConfig) -> Settings {
         server_keep_alive: cfg.server_keep_alive_secs,
         max_session_expiry: cfg.max_session_expiry_secs,
         connect_timeout: CONNECT_TIMEOUT,
+        max_connect_size: cfg.max_connect_size,
+        max_topic_levels: cfg.max_topic_levels,
     }
 }
 
@@ -108,6 +124,8 @@ struct Conn<R, W> {
     /// QoS 2 deliveries queued but not yet persisted: written before the PUBLISH leaves.
     qos2_unpersisted: Vec<OutboundQos2>,
     closed: Option<Closed>,
+    /// The connection's open slot (`mqtt.max_connections`), held for its life.
+    _open: OwnedSemaphorePermit,
 }
 
 impl<R, W> Conn<R, W>
@@ -117,6 +135,7 @@ where
 {
     /// Runs the handshake: reads the CONNECT into the core and answers its requests
     /// (credentials, then the session) until it accepts or refuses.
+    #[allow(clippy::too_many_arguments)]
     async fn accept(
         broker: Arc<Broker>,
         mut rd: R,
@@ -124,8 +143,10 @@ where
         mut inbuf: BytesMut,
         mut core: Core,
         peer: SocketAddr,
-        shutdown: watch::Receiver<bool>,
+        mut shutdown: watch::Receiver<bool>,
+        admitted: Admitted,
     ) -> Option<Self> {
+        static REFUSED: LogLimit = LogLimit::new(log_limit::EVERY);
         let mut username = None;
         loop {
             while core.handle_input(Instant::now().into_std(), &mut inbuf) {}
@@ -133,9 +154,13 @@ where
                 match event {
                     Event::Authenticate(credentials) => {
                         username = credentials.username.clone();
+                        admitted.slot.waiting();
                         let verdict = authenticate(&broker, credentials, peer).await;
-                        if let Err(refusal) = verdict {
-                            tracing::info!(%peer, user = ?username, reason = ?refusal, "connection refused");
+                        if let Err(refusal) = verdict
+                            && let Some(suppressed) = REFUSED.check()
+                        {
+                            tracing::info!(%peer, user = ?username, reason = ?refusal, suppressed,
+                                "connection refused (one line per 10 s; `suppressed` counts those left out)");
                         }
                         core.handle_authenticated(verdict);
                     }
@@ -148,8 +173,28 @@ where
                             core.refuse(Refusal::NotAuthorized);
                             continue;
                         }
+                        let Some(open) = admitted.admission.open() else {
+                            static FULL: LogLimit = LogLimit::new(log_limit::EVERY);
+                            if let Some(suppressed) = FULL.check() {
+                                tracing::warn!(%peer, limit = broker.config.max_connections, suppressed,
+                                    "mqtt.max_connections reached; CONNECT refused with quota exceeded");
+                            }
+                            core.refuse(Refusal::QuotaExceeded);
+                            continue;
+                        };
+                        let connected =
+                            match broker.connect(&client_id, username.as_deref(), clean_start, session_expiry).await {
+                                Ok(c) => c,
+                                Err(crate::broker::ConnectRefused::NotOwner) => {
+                                    tracing::info!(%peer, client_id = %client_id, user = ?username,
+                                        "connection refused: the session belongs to another user");
+                                    core.refuse(Refusal::NotAuthorized);
+                                    continue;
+                                }
+                            };
+                        // Only once the session is this client's: another user's refused
+                        // CONNECT must not cancel the owner's will.
                         broker.cancel_will(&client_id);
-                        let connected = broker.connect(&client_id, clean_start, session_expiry).await;
                         let wake = Arc::new(Notify::new());
                         {
                             let s = connected.session.lock().await;
@@ -176,7 +221,9 @@ where
                             want_pull: true,
                             qos2_unpersisted: Vec::new(),
                             closed: None,
+                            _open: open,
                         };
+                        drop(admitted);
                         if conn.flush().await.is_err() {
                             conn.broker.disconnect(conn.conn_id, &conn.session).await;
                             return None;
@@ -197,15 +244,21 @@ where
                     _ => {} // nothing else comes before the CONNACK
                 }
             }
-            let read = rd.read_buf(&mut inbuf);
-            let read = match core.poll_timeout() {
-                Some(deadline) => tokio::time::timeout_at(Instant::from_std(deadline), read).await.ok(),
-                None => Some(read.await),
-            };
-            match read {
-                Some(Ok(n)) if n > 0 => {}
-                Some(_) => core.close(Close::Lost),
-                None => core.handle_timeout(Instant::now().into_std()),
+            let deadline = core.poll_timeout().map(Instant::from_std);
+            tokio::select! {
+                read = rd.read_buf(&mut inbuf) => match read {
+                    Ok(n) if n > 0 => {}
+                    _ => core.close(Close::Lost),
+                },
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    core.handle_timeout(Instant::now().into_std());
+                }
+                _ = admitted.slot.evicted() => {
+                    // Its pending slot went to a newer connection (see `admission`).
+                    tracing::debug!(%peer, "connection evicted before its CONNECT completed");
+                    return None;
+                }
+                _ = shutdown.changed() => return None,
             }
         }
     }
@@ -360,20 +413,14 @@ where
     }
 }
 
-/// Checks a CONNECT's credentials; argon2 is deliberately slow, so a password is verified off
-/// the runtime's worker threads.
+/// Checks a CONNECT's credentials; a password is verified on the auth module's bounded pool
+/// of threads, never on the runtime's.
 async fn authenticate(broker: &Broker, c: Credentials, peer: SocketAddr) -> Result<(), Refusal> {
-    let verdict = if broker.auth.verifies_password(c.username.as_deref()) {
-        let auth = broker.auth.clone();
-        tokio::task::spawn_blocking(move || auth.authenticate(c.username.as_deref(), c.password.as_deref(), peer))
-            .await
-            .unwrap_or(Err(AuthError::NotAuthorized))
-    } else {
-        broker.auth.authenticate(c.username.as_deref(), c.password.as_deref(), peer)
-    };
+    let verdict = broker.auth.authenticate(c.username.as_deref(), c.password.as_ref(), peer).await;
     verdict.map_err(|e| match e {
         AuthError::BadCredentials => Refusal::BadCredentials,
         AuthError::NotAuthorized => Refusal::NotAuthorized,
+        AuthError::Busy => Refusal::ServerBusy,
     })
 }
 
@@ -423,7 +470,7 @@ mod tests {
     /// every idle connection.
     #[test]
     fn the_connection_future_stays_small() {
-        fn future_size<A, B, C, D, F>(_: fn(A, B, C, D) -> F) -> usize {
+        fn future_size<A, B, C, D, E, F>(_: fn(A, B, C, D, E) -> F) -> usize {
             std::mem::size_of::<F>()
         }
         let size = future_size(super::run::<tokio::net::TcpStream>);

@@ -1,6 +1,8 @@
 //! Silt's MQTT broker core on the storage engine.
 //!
-//! - [`auth`]: argon2 password file, mosquitto-style ACLs, anonymous policy.
+//! - [`admission`]: connection slots, pending (before CONNACK) apart from open ones.
+//! - [`auth`]: argon2 password file with a bounded verifier pool, mosquitto-style ACLs,
+//!   session ownership, anonymous policy.
 //! - [`message`]: an MQTT message as a log record (routing: first level = stream) and back.
 //! - [`session`]: subscriptions with cursors over consume queues; log-order merge; snapshots.
 //! - [`retained`]: retained messages, a topic trie walked by filter, persisted in the log.
@@ -10,24 +12,36 @@
 //! - [`server`]: accept loops and housekeeping tasks.
 //! - [`listeners`]: the transports: TCP, TLS, WebSocket, WebSocket over TLS.
 //! - `sys`: `$SYS/broker/...` statistics.
+//! - `log_limit`: one log line per interval for what a peer can repeat at will.
 //! - [`MqttConfig`]: the `[mqtt]` settings.
 //!
 //! Guarantees: a QoS 1/2 PUBLISH is acknowledged only once its record is durable under the
 //! log's fsync policy. Offline sessions keep cursors, not copies: their backlog is bounded by
 //! retention, never by a message count.
 
+pub mod admission;
 pub mod auth;
 pub mod broker;
 mod config;
 mod connection;
 mod internal;
 pub mod listeners;
+mod log_limit;
 pub mod message;
 pub mod retained;
 mod router;
 pub mod server;
 pub mod session;
 mod sys;
+
+/// The start of a client-chosen string for a log line: a topic may be 64 KiB long.
+pub(crate) fn log_prefix(s: &str) -> &str {
+    let mut end = s.len().min(120);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
 
 pub use broker::{AckFuture, Broker, ExtraStats, Router, TierDecision, TopicTiers};
 pub use config::{MqttConfig, TlsListenerConfig, WsListenerConfig, WssListenerConfig};

@@ -26,6 +26,16 @@ struct Node {
     entry: Option<IndexEntry>,
 }
 
+impl Drop for Node {
+    /// Iterative: a retained topic may be 32,768 levels deep.
+    fn drop(&mut self) {
+        let mut doomed: Vec<Node> = self.children.drain().map(|(_, n)| n).collect();
+        while let Some(mut n) = doomed.pop() {
+            doomed.extend(n.children.drain().map(|(_, c)| c));
+        }
+    }
+}
+
 impl Node {
     fn is_empty(&self) -> bool {
         self.entry.is_none() && self.children.is_empty()
@@ -73,7 +83,7 @@ impl RetainedStore {
         let filter = silt_types::TopicFilter::new(topic.to_owned()).ok()?;
         let levels: Vec<&str> = filter.levels().collect();
         let mut out = Vec::new();
-        walk(&self.root, &levels, true, &mut out);
+        walk(&self.root, &levels, &mut out);
         out.pop()
     }
 
@@ -94,7 +104,7 @@ impl RetainedStore {
     pub fn matching(&self, filter: &TopicFilter) -> Vec<IndexEntry> {
         let levels: Vec<&str> = filter.levels().collect();
         let mut out = Vec::new();
-        walk(&self.root, &levels, true, &mut out);
+        walk(&self.root, &levels, &mut out);
         out.sort_by_key(|e| e.position);
         out
     }
@@ -118,12 +128,27 @@ impl RetainedStore {
     }
 
     /// Rebuilds the store from the pointer stream, from its newest dump on. Returns the store
-    /// and how many pointers were replayed.
-    pub fn load(storage: &Storage) -> silt_storage::Result<(RetainedStore, u64)> {
+    /// and how many pointers were replayed. Topics with more than `max_levels` levels (stored
+    /// before the limit was set, or under a higher one) are skipped and logged: nobody could
+    /// subscribe to them now, and they are dropped at the next dump.
+    pub fn load(storage: &Storage, max_levels: usize) -> silt_storage::Result<(RetainedStore, u64)> {
         let mut store = RetainedStore::default();
         let from = crate::internal::checkpoint(storage, RETAINED_STREAM)?;
+        let mut skipped = 0u64;
         let replayed = crate::internal::scan(storage, RETAINED_STREAM, from, |e, r| {
             let topic = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+            if silt_types::level_count(&topic) > max_levels {
+                if skipped == 0 {
+                    tracing::warn!(
+                        levels = silt_types::level_count(&topic),
+                        max_topic_levels = max_levels,
+                        topic_start = %crate::log_prefix(&topic),
+                        "retained message deeper than mqtt.max_topic_levels skipped"
+                    );
+                }
+                skipped += 1;
+                return;
+            }
             let entry = match r.value.len() {
                 // Relative: the message record sits just before this pointer, in its batch.
                 4 => {
@@ -144,87 +169,109 @@ impl RetainedStore {
             };
             store.set(&topic, entry);
         })?;
+        if skipped > 1 {
+            tracing::warn!(pointers = skipped, "retained pointers deeper than mqtt.max_topic_levels skipped");
+        }
         Ok((store, replayed))
     }
 
     /// Absolute pointers for every retained message: a full dump of the store.
     pub fn dump(&self) -> Vec<Record> {
         let mut out = Vec::with_capacity(self.len);
-        let mut path = Vec::new();
-        dump_node(&self.root, &mut path, &mut out);
+        dump_node(&self.root, &mut out);
         out
     }
 }
 
-fn dump_node<'a>(node: &'a Node, path: &mut Vec<&'a str>, out: &mut Vec<Record>) {
-    if let Some(e) = node.entry {
-        let mut value = Vec::with_capacity(12);
-        value.extend_from_slice(&e.position.get().to_be_bytes());
-        value.extend_from_slice(&e.size.to_be_bytes());
-        out.push(Record {
-            timestamp: e.timestamp,
-            stream: RETAINED_STREAM.into(),
-            partition: Partition(0),
-            key: Some(Bytes::from(path.join("/"))),
-            value: Bytes::from(value),
-            ..Record::default()
-        });
-    }
-    for (name, child) in &node.children {
-        path.push(name);
-        dump_node(child, path, out);
-        path.pop();
-    }
-}
-
-fn remove(node: &mut Node, levels: &[&str]) -> bool {
-    let Some((first, rest)) = levels.split_first() else {
-        return node.entry.take().is_some();
-    };
-    let Some(child) = node.children.get_mut(*first) else { return false };
-    let removed = remove(child, rest);
-    if child.is_empty() {
-        node.children.remove(*first);
-    }
-    removed
-}
-
-fn collect_all(node: &Node, out: &mut Vec<IndexEntry>) {
-    out.extend(node.entry);
-    for c in node.children.values() {
-        collect_all(c, out);
+/// Every retained message below `root`, as dump records. Walks with an explicit stack (like
+/// everything here that follows topic levels: a client chooses how deep they go).
+fn dump_node(root: &Node, out: &mut Vec<Record>) {
+    let mut path: Vec<&str> = Vec::new();
+    // (node, its depth, its level name)
+    let mut stack: Vec<(&Node, usize, &str)> = vec![(root, 0, "")];
+    while let Some((node, depth, name)) = stack.pop() {
+        if depth > 0 {
+            path.truncate(depth - 1);
+            path.push(name);
+        }
+        if let Some(e) = node.entry {
+            let mut value = Vec::with_capacity(12);
+            value.extend_from_slice(&e.position.get().to_be_bytes());
+            value.extend_from_slice(&e.size.to_be_bytes());
+            out.push(Record {
+                timestamp: e.timestamp,
+                stream: RETAINED_STREAM.into(),
+                partition: Partition(0),
+                key: Some(Bytes::from(path.join("/"))),
+                value: Bytes::from(value),
+                ..Record::default()
+            });
+        }
+        stack.extend(node.children.iter().map(|(n, c)| (c, depth + 1, n.as_str())));
     }
 }
 
-fn walk(node: &Node, levels: &[&str], root: bool, out: &mut Vec<IndexEntry>) {
-    let Some((level, rest)) = levels.split_first() else {
-        out.extend(node.entry);
-        return;
-    };
+/// Clears the entry at `levels` and prunes the nodes left empty. Returns whether it was set.
+fn remove(root: &mut Node, levels: &[&str]) -> bool {
+    // The deepest node that stays whatever happens below it (see `TopicTrie::remove`).
+    let mut keep = 0;
+    let mut node = &mut *root;
+    for (depth, level) in levels.iter().enumerate() {
+        if node.entry.is_some() || node.children.len() > 1 {
+            keep = depth;
+        }
+        match node.children.get_mut(*level) {
+            Some(child) => node = child,
+            None => return false,
+        }
+    }
+    if node.entry.take().is_none() {
+        return false;
+    }
+    if !node.is_empty() || levels.is_empty() {
+        return true;
+    }
+    let mut node = root;
+    for level in &levels[..keep] {
+        node = node.children.get_mut(*level).expect("invariant: the path was just walked");
+    }
+    node.children.remove(levels[keep]);
+    true
+}
+
+/// Every entry at or below `node`.
+fn collect_all<'a>(node: &'a Node, out: &mut Vec<IndexEntry>) {
+    let mut stack: Vec<&'a Node> = vec![node];
+    while let Some(n) = stack.pop() {
+        out.extend(n.entry);
+        stack.extend(n.children.values());
+    }
+}
+
+/// The entries whose topics match the filter `levels`.
+fn walk(root: &Node, levels: &[&str], out: &mut Vec<IndexEntry>) {
     // Wildcards at the first level never match `$` topics.
-    let visible = |name: &str| !(root && name.starts_with('$'));
-    match *level {
-        "#" => {
-            if !root {
-                out.extend(node.entry); // `a/#` matches `a`
-            }
-            for (name, c) in &node.children {
-                if visible(name) {
-                    collect_all(c, out);
+    let visible = |depth: usize, name: &str| !(depth == 0 && name.starts_with('$'));
+    // (node, depth in the filter)
+    let mut stack: Vec<(&Node, usize)> = vec![(root, 0)];
+    while let Some((node, depth)) = stack.pop() {
+        let Some(level) = levels.get(depth) else {
+            out.extend(node.entry);
+            continue;
+        };
+        match *level {
+            "#" => {
+                if depth > 0 {
+                    out.extend(node.entry); // `a/#` matches `a`
+                }
+                for (name, c) in &node.children {
+                    if visible(depth, name) {
+                        collect_all(c, out);
+                    }
                 }
             }
-        }
-        "+" => {
-            for (name, c) in &node.children {
-                if visible(name) {
-                    walk(c, rest, false, out);
-                }
-            }
-        }
-        l => {
-            if let Some(c) = node.children.get(l) {
-                walk(c, rest, false, out);
-            }
+            "+" => stack.extend(node.children.iter().filter(|(n, _)| visible(depth, n)).map(|(_, c)| (c, depth + 1))),
+            l => stack.extend(node.children.get(l).map(|c| (c, depth + 1))),
         }
     }
 }
@@ -252,6 +299,34 @@ mod tests {
                 topics.iter().enumerate().filter(|(_, t)| filter_matches(f, t)).map(|(i, _)| i as u64).collect();
             assert_eq!(got, want, "filter {f}");
         }
+    }
+
+    /// 32,768 levels (a 65,535-byte topic) on a small stack: nothing here recurses per level.
+    #[test]
+    fn the_deepest_possible_topic_is_stored_matched_dumped_and_cleared_without_recursion() {
+        std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(|| {
+                let deep = vec!["x"; silt_types::topic::MAX_TOPIC_LEVELS].join("/");
+                let mut s = RetainedStore::default();
+                s.set(&deep, Some(e(1)));
+                s.set("x/y", Some(e(2)));
+                let all = |f: &str| s.matching(&TopicFilter::new(f).unwrap()).len();
+                assert_eq!(all("#"), 2);
+                assert_eq!(all("x/#"), 2);
+                assert_eq!(all("+/+"), 1, "x/y only");
+                assert_eq!(s.get(&deep), Some(e(1)));
+                assert_eq!(s.dump().len(), 2);
+                s.set(&deep, None);
+                assert_eq!(s.len(), 1);
+                assert_eq!(s.root.children["x"].children.len(), 1, "the deep chain was pruned");
+                let mut t = RetainedStore::default();
+                t.set(&deep, Some(e(3)));
+                drop(t);
+            })
+            .unwrap()
+            .join()
+            .expect("no stack overflow");
     }
 
     #[test]

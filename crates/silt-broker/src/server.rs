@@ -1,19 +1,22 @@
 //! Accept loops: each accepted connection gets its own task, which runs the listener's
 //! transport handshake (TLS, WebSocket upgrade; bounded by [`HANDSHAKE_TIMEOUT`]) and then the
-//! MQTT connection. The caller passes the shutdown signal in (mini-redis style); one semaphore
-//! bounds open connections across all listeners, counting those still in their handshake.
+//! MQTT connection. The caller passes the shutdown signal in (mini-redis style). Connections
+//! are admitted in two pools shared by all listeners (see [`crate::admission`]): pending
+//! slots until the CONNECT is answered, open slots after.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::admission::{Admission, Arrival};
 use crate::broker::Broker;
-use crate::connection;
+use crate::connection::{self, Admitted};
 use crate::listeners::{self, HANDSHAKE_TIMEOUT, Listener, Transport};
+use crate::log_limit::{self, LogLimit};
 
 /// Accepts MQTT connections on `listener` until `shutdown` turns true, then closes every
 /// connection (persisting sessions) and returns.
@@ -22,12 +25,13 @@ pub async fn run_tcp(broker: Arc<Broker>, listener: TcpListener, shutdown: watch
 }
 
 /// Serves every listener until `shutdown` turns true, then closes every connection
-/// (persisting sessions) and returns. `mqtt.max_connections` bounds them all together.
+/// (persisting sessions) and returns. `mqtt.max_connections` and
+/// `mqtt.max_pending_connections` bound them all together.
 pub async fn run(broker: Arc<Broker>, listeners: Vec<Listener>, shutdown: watch::Receiver<bool>) {
-    let limit = Arc::new(Semaphore::new(broker.config.max_connections));
+    let admission = Admission::new(broker.config.max_pending_connections, broker.config.max_connections);
     let mut loops = JoinSet::new();
     for listener in listeners {
-        loops.spawn(accept_loop(broker.clone(), listener, limit.clone(), shutdown.clone()));
+        loops.spawn(accept_loop(broker.clone(), listener, admission.clone(), shutdown.clone()));
     }
     while loops.join_next().await.is_some() {}
 }
@@ -35,9 +39,12 @@ pub async fn run(broker: Arc<Broker>, listeners: Vec<Listener>, shutdown: watch:
 async fn accept_loop(
     broker: Arc<Broker>,
     listener: Listener,
-    limit: Arc<Semaphore>,
+    admission: Arc<Admission>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    static ACCEPT_FAILED: LogLimit = LogLimit::new(log_limit::EVERY);
+    static FULL: LogLimit = LogLimit::new(log_limit::EVERY);
+    static EVICTED: LogLimit = LogLimit::new(log_limit::EVERY);
     let kind = listener.kind();
     let mut tasks = JoinSet::new();
     loop {
@@ -47,18 +54,37 @@ async fn accept_loop(
                 let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
-                        tracing::warn!(kind, error = %e, "accept failed");
+                        // Out of file descriptors, typically: back off instead of spinning.
+                        if let Some(suppressed) = ACCEPT_FAILED.check() {
+                            tracing::warn!(kind, error = %e, suppressed, "accept failed");
+                        }
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
                 };
-                let Ok(permit) = limit.clone().try_acquire_owned() else {
-                    tracing::warn!(kind, %peer, "connection limit reached; refusing");
-                    drop(stream);
-                    continue;
+                let slot = match admission.arrive() {
+                    Arrival::Admitted(slot) => slot,
+                    Arrival::Evicted(slot) => {
+                        if let Some(suppressed) = EVICTED.check() {
+                            tracing::info!(kind, pending = broker.config.max_pending_connections, suppressed,
+                                "mqtt.max_pending_connections reached; the oldest connection still in its \
+                                 handshake was closed to make room");
+                        }
+                        slot
+                    }
+                    Arrival::Full => {
+                        if let Some(suppressed) = FULL.check() {
+                            tracing::warn!(kind, %peer, suppressed,
+                                "mqtt.max_pending_connections reached and every pending connection is \
+                                 being authenticated; refusing");
+                        }
+                        drop(stream);
+                        continue;
+                    }
                 };
                 let _ = stream.set_nodelay(true);
-                tasks.spawn(serve_one(broker.clone(), listener.transport.clone(), stream, peer, permit, shutdown.clone()));
+                let admitted = Admitted { slot, admission: admission.clone() };
+                tasks.spawn(serve_one(broker.clone(), listener.transport.clone(), stream, peer, admitted, shutdown.clone()));
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
@@ -71,20 +97,20 @@ async fn accept_loop(
 }
 
 /// One connection: the transport's handshake, then MQTT. A failed handshake ends only this
-/// connection. The permit is held until the connection is gone (it is dropped on return).
+/// connection. Its slots are given back when it is gone.
 async fn serve_one(
     broker: Arc<Broker>,
     transport: Transport,
     stream: TcpStream,
     peer: SocketAddr,
-    _permit: OwnedSemaphorePermit,
+    admitted: Admitted,
     shutdown: watch::Receiver<bool>,
 ) {
     if let Transport::Tcp = transport {
-        return connection::run(broker, stream, peer, shutdown).await;
+        return connection::run(broker, stream, peer, shutdown, admitted).await;
     }
     // Boxed so that plain TCP connections don't carry the size of a TLS/WS handshake.
-    Box::pin(upgraded(broker, transport, stream, peer, shutdown)).await;
+    Box::pin(upgraded(broker, transport, stream, peer, shutdown, admitted)).await;
 }
 
 async fn upgraded(
@@ -93,10 +119,12 @@ async fn upgraded(
     stream: TcpStream,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
+    admitted: Admitted,
 ) {
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, listeners::upgrade(&transport, stream));
     let io = tokio::select! {
         _ = shutdown.changed() => return,
+        _ = admitted.slot.evicted() => return,
         r = handshake => match r {
             Ok(Ok(io)) => io,
             Ok(Err(e)) => {
@@ -109,7 +137,7 @@ async fn upgraded(
             }
         },
     };
-    connection::run(broker, io, peer, shutdown).await;
+    connection::run(broker, io, peer, shutdown, admitted).await;
 }
 
 /// Periodic housekeeping: session expiry and `$SYS/` statistics.

@@ -76,6 +76,16 @@ pub struct SessionSnapshot {
     /// Shared subscriptions (`$share/{group}/{filter}`) this session is a member of.
     #[serde(default)]
     pub shared: Vec<SharedMembership>,
+    /// The user the session belongs to (absent in snapshots written before sessions had
+    /// owners: the next user to connect claims it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<SessionOwner>,
+}
+
+/// Who created a session: a username, or an anonymous client (`user: None`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionOwner {
+    pub user: Option<String>,
 }
 
 /// A session's membership in a shared-subscription group.
@@ -469,6 +479,9 @@ pub struct Session {
     pub outbound_qos2: std::collections::BTreeMap<u16, crate::session::OutboundQos2>,
     /// Shared-subscription memberships by `$share/{group}/{filter}`.
     pub shared: std::collections::BTreeMap<String, SharedMembership>,
+    /// Who the session belongs to; `None` only for a session restored from a snapshot that
+    /// predates owners.
+    pub owner: Option<SessionOwner>,
 }
 
 /// A shared-subscription group: one cursor over the filter's queue for all its members, so
@@ -506,6 +519,7 @@ impl Session {
             dirty: false,
             outbound_qos2: std::collections::BTreeMap::new(),
             shared: std::collections::BTreeMap::new(),
+            owner: None,
         }
     }
 
@@ -522,6 +536,7 @@ impl Session {
             disconnected_at: self.disconnected_at.map(Timestamp::get),
             outbound_qos2: self.outbound_qos2.values().cloned().collect(),
             shared: self.shared.values().cloned().collect(),
+            owner: self.owner.clone(),
         }
     }
 

@@ -4,133 +4,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use common::Silt;
+use common::raw::{Raw, pid};
 use silt_mqtt::{
-    Connect, ConnectProperties, Packet, PacketId, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
-    SubscribeProperties, Subscription, SubscriptionOptions,
+    ConnectProperties, Packet, PubResponse, Publish, QoS, Subscribe, SubscribeProperties, Subscription,
+    SubscriptionOptions,
 };
-
-const V: ProtocolVersion = ProtocolVersion::V5;
-
-struct Raw {
-    s: TcpStream,
-    buf: BytesMut,
-}
-
-impl Raw {
-    fn connect(port: u16, id: &str, clean: bool) -> (Raw, bool) {
-        Self::connect_with(port, id, clean, ConnectProperties::default())
-    }
-
-    fn connect_with(port: u16, id: &str, clean: bool, props: ConnectProperties) -> (Raw, bool) {
-        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut raw = Raw { s, buf: BytesMut::new() };
-        let mut c = Connect::new(V, id, 60);
-        c.clean_start = clean;
-        c.properties = ConnectProperties { session_expiry_interval: Some(3600), ..props };
-        raw.send(Packet::Connect(Box::new(c)));
-        match raw.recv() {
-            Some(Packet::ConnAck(a)) => {
-                assert!(!a.reason_code.is_error());
-                (raw, a.session_present)
-            }
-            other => panic!("expected CONNACK, got {other:?}"),
-        }
-    }
-
-    fn send(&mut self, p: Packet) {
-        let mut out = BytesMut::new();
-        p.encode(V, &mut out).unwrap();
-        self.s.write_all(&out).unwrap();
-    }
-
-    /// The next packet, or None on timeout/close.
-    fn recv(&mut self) -> Option<Packet> {
-        loop {
-            if let Some(p) = silt_mqtt::decode(&mut self.buf, V, 1 << 20).unwrap() {
-                return Some(p);
-            }
-            let mut chunk = [0u8; 4096];
-            match self.s.read(&mut chunk) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
-
-    fn recv_publish(&mut self) -> Publish {
-        loop {
-            match self.recv() {
-                Some(Packet::Publish(p)) => return p,
-                Some(_) => {}
-                None => panic!("no PUBLISH arrived"),
-            }
-        }
-    }
-}
-
-fn pid(n: u16) -> PacketId {
-    PacketId::new(n).unwrap()
-}
-
-impl Raw {
-    fn subscribe(&mut self, filter: &str, qos: QoS) {
-        self.send(Packet::Subscribe(Subscribe {
-            packet_id: pid(1),
-            subscriptions: vec![Subscription {
-                filter: filter.into(),
-                options: SubscriptionOptions { qos, ..SubscriptionOptions::default() },
-            }],
-            properties: SubscribeProperties::default(),
-        }));
-        assert!(matches!(self.recv(), Some(Packet::SubAck(_))));
-    }
-
-    /// Publishes at QoS 2 and completes the exchange.
-    fn publish_qos2(&mut self, topic: &str, id: u16, payload: &'static [u8]) {
-        let mut p = Publish::new(topic, payload);
-        p.qos = QoS::ExactlyOnce;
-        p.packet_id = Some(pid(id));
-        self.send(Packet::Publish(p));
-        assert!(matches!(self.recv(), Some(Packet::PubRec(_))));
-        self.send(Packet::PubRel(PubResponse::new(pid(id))));
-        assert!(matches!(self.recv(), Some(Packet::PubComp(_))));
-    }
-
-    /// Receives a QoS 2 PUBLISH and completes it; returns its payload.
-    fn complete_qos2(&mut self) -> Vec<u8> {
-        let p = self.recv_publish();
-        let id = p.packet_id.unwrap();
-        self.send(Packet::PubRec(PubResponse::new(id)));
-        match self.recv() {
-            Some(Packet::PubRel(r)) if r.packet_id == id => {}
-            Some(Packet::Publish(other)) => panic!("another PUBLISH before the PUBREL: {:?}", other.payload),
-            other => panic!("expected PUBREL {id:?}, got {other:?}"),
-        }
-        self.send(Packet::PubComp(PubResponse::new(id)));
-        p.payload.to_vec()
-    }
-
-    /// Whether any PUBLISH arrives within `ms` milliseconds.
-    fn quiet_for(&mut self, ms: u64) -> bool {
-        self.s.set_read_timeout(Some(Duration::from_millis(ms))).unwrap();
-        let got = loop {
-            match self.recv() {
-                Some(Packet::Publish(p)) => break Some(p),
-                Some(_) => {}
-                None => break None,
-            }
-        };
-        self.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        got.is_none()
-    }
-}
 
 /// A QoS 2 message completed while an earlier one is still in flight is never delivered
 /// again: not after a reconnect, not after kill -9. The earlier one is resent as it was.

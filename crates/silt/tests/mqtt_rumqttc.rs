@@ -226,16 +226,6 @@ fn malformed_and_oversized_packets_get_reason_codes_and_others_are_unaffected() 
     silt.stop();
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb / 1024.0
-}
-
 #[test]
 fn a_subscriber_that_stops_reading_does_not_grow_broker_memory() {
     const MESSAGES: usize = 20_000;
@@ -262,7 +252,7 @@ fn a_subscriber_that_stops_reading_does_not_grow_broker_memory() {
     stalled.read_exact(&mut suback).unwrap();
     assert_eq!(suback[0], 0x90);
 
-    let before = rss_mib(pid);
+    let before = common::rss_mib(pid);
     let rt = runtime();
     rt.block_on(async {
         let (c, mut ev) = AsyncClient::new(options("stall-publisher", port, true), 1000);
@@ -278,7 +268,7 @@ fn a_subscriber_that_stops_reading_does_not_grow_broker_memory() {
         })
         .await;
     });
-    let grown = rss_mib(pid) - before;
+    let grown = common::rss_mib(pid) - before;
     eprintln!("broker RSS grew {grown:.1} MiB while 200 MB went past a stalled subscriber");
     assert!(grown < 100.0, "broker memory grew {grown:.1} MiB: the stalled subscriber's backlog is being buffered");
 
@@ -300,7 +290,7 @@ fn a_wildcard_session_over_100k_topics_gets_every_message() {
     let silt = Silt::start(dir.path());
     let port = silt.port;
     rt.block_on(subscribe_persistent(port, "fleet", "devices/+/telemetry"));
-    let before = rss_mib(silt.child.id());
+    let before = common::rss_mib(silt.child.id());
     rt.block_on(async {
         let (c, mut ev) = AsyncClient::new(options("fleet-publisher", port, true), 1000);
         tokio::spawn(async move {
@@ -317,7 +307,7 @@ fn a_wildcard_session_over_100k_topics_gets_every_message() {
         })
         .await;
     });
-    let after = rss_mib(silt.child.id());
+    let after = common::rss_mib(silt.child.id());
     eprintln!("100k topics: broker RSS {before:.1} MiB before, {after:.1} MiB after");
     let got = rt.block_on(receive_seq(port, "fleet", 300, |g| g.len() as u64 == TOPICS));
     assert_eq!(got, (0..TOPICS).collect::<Vec<_>>());

@@ -36,7 +36,7 @@ fn start_up_compacts_long_state_replays_to_the_live_state() {
         let a = storage.append_blocking(&RetainedStore::records(m.to_record(), m.timestamp)).unwrap();
         last = Some(a.positions[0]);
     }
-    let broker = Broker::new(storage.clone(), router, MqttConfig::default(), Auth::default()).unwrap();
+    let broker = Broker::new(storage.clone(), router, MqttConfig::default(), Auth::open()).unwrap();
     assert_eq!(broker.session_count(), 1);
     drop(broker);
     storage.wait_dispatched_blocking(storage.stats().log_end).unwrap();
@@ -44,7 +44,7 @@ fn start_up_compacts_long_state_replays_to_the_live_state() {
     let (sessions, replayed) = SessionSnapshot::load_all(&storage).unwrap();
     assert_eq!(replayed, 1, "the next start replays the dump only");
     assert_eq!(sessions["c1"], snap);
-    let (retained, replayed) = RetainedStore::load(&storage).unwrap();
+    let (retained, replayed) = RetainedStore::load(&storage, 128).unwrap();
     assert_eq!(replayed, 1);
     let entries = retained.matching(&TopicFilter::new("status/#").unwrap());
     assert_eq!(entries.len(), 1);

@@ -59,6 +59,15 @@ where
                 continue;
             };
             let m = Message::from_record(record);
+            if !self.may_receive(&m.topic) {
+                // The session changed hands (an ACL `takeover`) to a user who may not read it.
+                self.session.lock().await.outbound_qos2.remove(&o.packet_id);
+                match data.group {
+                    Some(g) => g.lock().await.subs.settle(&data.settles),
+                    None => self.settle_now(data.settles),
+                }
+                continue;
+            }
             let mut p = Publish::new(m.topic.clone(), m.payload.clone());
             p.qos = if o.qos == 1 { QoS::AtLeastOnce } else { QoS::ExactlyOnce };
             if self.core.version().is_v5() {
@@ -211,6 +220,13 @@ where
         now: Timestamp,
     ) {
         let m = &o.message;
+        if !self.may_receive(&m.topic) {
+            // Settled in the group like a delivery: no member may read what the ACL denies
+            // this one, and handing it on would make it someone else's choice.
+            let (group, settles) = (group.clone(), o.settles.clone());
+            tokio::spawn(async move { group.lock().await.subs.settle(&settles) });
+            return;
+        }
         let mut p = Publish::new(m.topic.clone(), m.payload.clone());
         p.qos = qos;
         p.dup = o.dup;
@@ -257,9 +273,7 @@ where
         entry: Option<silt_storage::IndexEntry>,
         now: Timestamp,
     ) {
-        if self.broker.auth.has_acl()
-            && !self.broker.auth.allows_topic(self.username.as_deref(), &self.client_id, Access::Read, &m.topic)
-        {
+        if !self.may_receive(&m.topic) {
             self.settle_now(settles);
             return;
         }
@@ -303,6 +317,13 @@ where
                 tokio::spawn(async move { session.lock().await.subs.release(&f.settles) });
             }
         }
+    }
+
+    /// The read ACL, checked the same way on every path a message takes to this client:
+    /// plain and shared subscriptions at every QoS, retained messages, resent deliveries.
+    pub(super) fn may_receive(&self, topic: &str) -> bool {
+        !self.broker.auth.has_acl()
+            || self.broker.auth.allows_topic(self.username.as_deref(), &self.client_id, Access::Read, topic)
     }
 
     /// Settles a message that will not be sent (denied by an ACL, too large for the client).

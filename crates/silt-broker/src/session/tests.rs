@@ -140,6 +140,7 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
             group: Some("$share/g/a/#".into()),
         }],
         shared: vec![SharedMembership { key: "$share/g/a/#".into(), qos: 1, subscription_id: None }],
+        owner: Some(crate::session::SessionOwner { user: Some("alice".into()) }),
     };
     s.append_blocking(&[snap.to_record(Timestamp::now())]).unwrap();
     let mut c2 = snap.clone();
@@ -257,4 +258,14 @@ fn messages_settled_above_the_cursor_are_not_sent_again() {
     }
     assert_eq!(restored.subs["o/t"].state.cursor, 5);
     assert!(restored.states()[0].settled.is_empty());
+}
+
+#[test]
+fn a_snapshot_written_before_sessions_had_owners_still_loads_without_one() {
+    let old = r#"{"client_id":"c1","expiry_secs":60,"subscriptions":[]}"#;
+    let snap: SessionSnapshot = serde_json::from_str(old).unwrap();
+    assert_eq!(snap.owner, None, "the next user to connect claims it");
+    let owned = SessionSnapshot { owner: Some(crate::session::SessionOwner { user: None }), ..snap };
+    let back: SessionSnapshot = serde_json::from_slice(&serde_json::to_vec(&owned).unwrap()).unwrap();
+    assert_eq!(back.owner, Some(crate::session::SessionOwner { user: None }), "anonymous is an owner too");
 }

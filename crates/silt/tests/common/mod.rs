@@ -2,6 +2,8 @@
 //! an ephemeral port, stopped by PID.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -115,26 +117,46 @@ pub fn log_bytes(data_dir: &Path) -> u64 {
 /// Writes a `silt.toml` in `dir` enabling auth: user `sensor` with password `hunter2` (hashed by
 /// `silt passwd`) allowed `telemetry/#` only. Returns the config's path.
 pub fn sensor_auth_config(dir: &Path) -> PathBuf {
+    auth_config(dir, &[("sensor", "hunter2")], "user sensor\ntopic readwrite telemetry/#\n", "", "")
+}
+
+/// Writes a `silt.toml` in `dir` with a password file of `users` (`(name, password)`, hashed
+/// by `silt passwd`), the ACL `acl` (none if empty), `mqtt` lines for `[mqtt]` (e.g.
+/// `max_connections = 5`) and `auth` lines for `[mqtt.auth]`. Returns the config's path.
+pub fn auth_config(dir: &Path, users: &[(&str, &str)], acl: &str, mqtt: &str, auth: &str) -> PathBuf {
     use std::io::Write;
     let passwd = dir.join("passwd");
-    let mut add = Command::new(env!("CARGO_BIN_EXE_silt"))
-        .arg("passwd")
-        .arg(&passwd)
-        .arg("sensor")
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("silt passwd");
-    add.stdin.take().unwrap().write_all(b"hunter2\n").unwrap();
-    assert!(add.wait().unwrap().success());
-    let acl = dir.join("acl");
-    std::fs::write(&acl, "user sensor\ntopic readwrite telemetry/#\n").unwrap();
+    for (user, password) in users {
+        let mut add = Command::new(env!("CARGO_BIN_EXE_silt"))
+            .arg("passwd")
+            .arg(&passwd)
+            .arg(user)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("silt passwd");
+        add.stdin.take().unwrap().write_all(format!("{password}\n").as_bytes()).unwrap();
+        assert!(add.wait().unwrap().success());
+    }
+    let mut table = format!("[mqtt.auth]\npassword_file = {:?}\n{auth}\n", passwd.display());
+    if !acl.is_empty() {
+        let path = dir.join("acl");
+        std::fs::write(&path, acl).unwrap();
+        table.push_str(&format!("acl_file = {:?}\n", path.display()));
+    }
     let cfg = dir.join("silt.toml");
-    std::fs::write(
-        &cfg,
-        format!("[mqtt.auth]\npassword_file = {:?}\nacl_file = {:?}\n", passwd.display(), acl.display()),
-    )
-    .unwrap();
+    std::fs::write(&cfg, format!("[mqtt]\n{mqtt}\n{table}")).unwrap();
     cfg
+}
+
+/// Resident memory of process `pid`, in MiB.
+pub fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024.0
 }
 
 /// A rustls client configuration (ring) that trusts exactly `der`, the test's certificate.
