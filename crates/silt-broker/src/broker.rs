@@ -343,7 +343,8 @@ impl Broker {
             }
             None => (self.new_session(client_id, expiry_secs), false),
         };
-        session.lock().await.owner = Some(owner);
+        // A new session is this user's; one taken over (an ACL `takeover`) stays its creator's.
+        session.lock().await.owner.get_or_insert(owner);
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         Ok(Connected { session, session_present: present, conn, kicked })
     }

@@ -218,10 +218,14 @@ fn another_user_cannot_take_a_session_over_and_its_queue_survives_unless_an_acl_
     connect_expect(silt.port, login("c1", bob, false), ReasonCode::NotAuthorized);
     assert_eq!(b.publish_qos1("inbox/alice", 2, b"still alice's", false), Some(ReasonCode::Success));
     assert_eq!(receive(&mut a), ("inbox/alice".into(), b"still alice's".to_vec()));
-    // The ACL lets admin take c1 over.
-    let (_admin, present) = connect_expect(silt.port, login("c1", admin, false), ReasonCode::Success);
+    // The ACL lets admin take c1 over; the session stays alice's.
+    let (admin_conn, present) = connect_expect(silt.port, login("c1", admin, false), ReasonCode::Success);
     assert!(present);
     assert_eq!(a.disconnect_reason(), Some(ReasonCode::SessionTakenOver));
+    drop(admin_conn);
+    let (_a, present) = connect_expect(silt.port, login("c1", alice, false), ReasonCode::Success);
+    assert!(present, "alice resumes her session after the takeover");
+    connect_expect(silt.port, login("c1", bob, false), ReasonCode::NotAuthorized);
     silt.stop();
 }
 
