@@ -310,6 +310,11 @@ impl ColdReader for ColdStore {
         Ok(out.freeze())
     }
 
+    fn gap_at(&self, pos: LogPosition) -> Option<(LogPosition, LogPosition)> {
+        let o = self.object_for(pos.get())?;
+        o.gaps.iter().find(|&&(s, e)| s <= pos.get() && pos.get() < e).map(|&(s, e)| (LogPosition(s), LogPosition(e)))
+    }
+
     fn read_uploaded(&self, pos: LogPosition, len: usize) -> Result<Option<Bytes>, Error> {
         let (p, end) = (pos.get(), pos.get() + len as u64);
         if let Some(o) = self.object_for(p) {

@@ -81,6 +81,13 @@ pub trait ColdReader: Send + Sync + 'static {
         let _ = (pos, len);
         Ok(None)
     }
+
+    /// The quarantined range `[start, end)` (log positions) holding `pos`, if the store names
+    /// one there ([`ColdReader::read`] refuses such positions).
+    fn gap_at(&self, pos: LogPosition) -> Option<(LogPosition, LogPosition)> {
+        let _ = pos;
+        None
+    }
 }
 
 /// A batch as the dispatcher reads it.
@@ -379,7 +386,15 @@ impl LogShared {
                 Err(e) => return Err(e),
             }
         }
-        let header = self.read(pos, FRAME_LEN)?;
+        let header = match self.read(pos, FRAME_LEN) {
+            Err(Error::Quarantined(_)) => {
+                // An evicted segment's gap, as its object's manifest entry names it.
+                let gap = self.cold.get().and_then(|c| c.gap_at(pos)).filter(|(_, end)| *end > pos);
+                let (_, end) = gap.ok_or(Error::Quarantined(pos.get()))?;
+                return Ok(Batch::Gap(end.get() - pos.get()));
+            }
+            r => r?,
+        };
         let total = format::peek_frame(&header, max).map_err(corrupt)?.expect("invariant: FRAME_LEN bytes were read");
         let view = format::check_batch(self.read(pos, total)?, max).map_err(corrupt)?;
         Ok(if view.gap { Batch::Gap(total as u64) } else { Batch::Records(view) })
