@@ -308,7 +308,7 @@ impl Writer {
     fn cut_back(&mut self, len: u64, why: String) {
         match self.active.truncate_to(len) {
             Ok(()) => {
-                tracing::info!(segment = %self.active.path.display(), len, "commitlog cut back after a failed write; appends go on")
+                tracing::debug!(segment = %self.active.path.display(), len, "commitlog cut back after a failed write; appends go on")
             }
             Err(e) => {
                 tracing::error!(error = %e, "cutting back a failed write failed; appends are refused until it works (retried every second)");
