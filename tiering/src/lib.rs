@@ -33,6 +33,7 @@ pub mod multipart;
 mod recovery;
 mod retention;
 pub mod store;
+mod upload;
 
 use std::collections::HashMap;
 use std::path::Path as FsPath;
@@ -438,145 +439,6 @@ impl Inner {
         }
     }
 
-    /// Uploads one sealed segment and commits it to the manifest. The file is streamed (one
-    /// PUT when small, a multipart upload otherwise), so memory stays at a few parts; records
-    /// of `tier = "local"` topics are withheld from the object.
-    /// Before the scan, every batch is checked through the storage engine (a bad one healed
-    /// from a tail object or quarantined behind a gap batch); `fresh` checks again batches
-    /// checked before (after a failed attempt).
-    async fn upload(&self, seg: &SealedSegment, fresh: bool) -> Result<(), Error> {
-        let len = seg.end.get() - seg.base.get();
-        let max_batch = self.storage().config().max_batch_bytes as usize;
-        let base = seg.base.get();
-        let (storage, checked) = (self.storage().clone(), seg.clone());
-        let gaps: Vec<(u64, u64)> = tokio::task::spawn_blocking(move || storage.check_segment(&checked, fresh))
-            .await
-            .map_err(|e| Error::Recovery(e.to_string()))??
-            .into_iter()
-            .map(|(p, n)| (p.get() - base, p.get() - base + n))
-            .collect();
-        // First pass: check every batch and build the footer. A failure here is local (the
-        // file changed since the check?): the caller retries.
-        let (file, policies, known) = (seg.path.clone(), self.policies.clone(), gaps.clone());
-        let mut footer = tokio::task::spawn_blocking(move || {
-            let withhold = |t: &str, st: &str| policies.withholds(t, st);
-            footer::scan_file(&file, base, len, max_batch, &known, &withhold, &mut |_| Ok(()))
-        })
-        .await
-        .map_err(|e| Error::Recovery(e.to_string()))?
-        .map_err(Error::Recovery)?;
-        let storage = self.storage().clone();
-        storage.wait_dispatched(seg.end).await?;
-        let (from, to) = (seg.base, seg.end);
-        let spans_of = footer.clone();
-        footer.queues = tokio::task::spawn_blocking(move || queue_spans(&storage, &spans_of, from, to))
-            .await
-            .map_err(|e| Error::Recovery(e.to_string()))??;
-        let key = format!("segments/{base:020}-{:08}.seg", self.epoch);
-        let tail = footer::encode_tail(&footer);
-        let size = len + tail.len() as u64;
-        let path = Path::from(key.as_str());
-        retry("upload segment", || self.put_object(seg, &path, tail.clone(), max_batch, &gaps)).await.map_err(|e| {
-            match e {
-                object_store::Error::Generic { store, source } if store == LOCAL_SEGMENT => {
-                    Error::Recovery(format!("reading {}: {source}", seg.path.display()))
-                }
-                e => Error::Store(e),
-            }
-        })?;
-        self.puts.fetch_add(1, Ordering::Relaxed);
-        self.put_bytes.fetch_add(size, Ordering::Relaxed);
-        let entry = ObjectEntry {
-            key: key.clone(),
-            base,
-            end: seg.end.get(),
-            size,
-            min_ts: footer.min_ts,
-            max_ts: footer.max_ts,
-            gaps: footer.gaps.iter().map(|&(s, e)| (base + s, base + e)).collect(),
-        };
-        if !entry.gaps.is_empty() {
-            let bytes: u64 = footer.gaps.iter().map(|(s, e)| e - s).sum();
-            self.uploaded_gaps.fetch_add(footer.gaps.len() as u64, Ordering::Relaxed);
-            self.uploaded_gap_bytes.fetch_add(bytes, Ordering::Relaxed);
-            tracing::warn!(
-                key, gaps = ?entry.gaps, bytes,
-                "segment uploaded with quarantined ranges (their records were lost locally); named in its footer and the manifest"
-            );
-        }
-        // The tails of this segment (uploaded for object acknowledgements) are now covered.
-        let seg_end = seg.end.get();
-        let replaced: Vec<String> = {
-            let m = self.manifest.lock().await;
-            m.tails.iter().filter(|t| t.base < seg_end).map(|t| t.key.clone()).collect()
-        };
-        self.commit(|m| {
-            m.objects.push(entry.clone());
-            m.tails.retain(|t| t.base >= seg_end);
-        })
-        .await?;
-        self.cold.add(ObjectRef { base, end: seg.end.get(), key, gaps: entry.gaps.clone() });
-        self.cold.remove_tails_below(seg_end);
-        self.footers.lock().expect("invariant: lock not poisoned").insert(base, Arc::new(footer));
-        let covered = self.manifest.lock().await.covered_end();
-        self.uploaded.send_replace(covered.max(seg_end));
-        for key in replaced {
-            if let Err(e) = self.store.delete(&Path::from(key.as_str())).await {
-                tracing::warn!(error = %e, key, "a replaced tail object was not deleted");
-            }
-        }
-        tracing::debug!(base, end = seg.end.get(), size, "segment uploaded");
-        Ok(())
-    }
-
-    /// One attempt at writing a segment object: a second pass over the file streams the
-    /// (withheld where needed) bytes to the store, then the footer.
-    async fn put_object(
-        &self,
-        seg: &SealedSegment,
-        path: &Path,
-        tail: Bytes,
-        max_batch: usize,
-        gaps: &[(u64, u64)],
-    ) -> Result<(), object_store::Error> {
-        let len = seg.end.get() - seg.base.get();
-        let part = self.cfg.multipart_part_bytes;
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-        let (file, policies, base, gaps) = (seg.path.clone(), self.policies.clone(), seg.base.get(), gaps.to_vec());
-        let scan = tokio::task::spawn_blocking(move || {
-            let withhold = |t: &str, st: &str| policies.withholds(t, st);
-            let mut emit = |b: Bytes| tx.blocking_send(b).map_err(|_| "upload attempt ended".to_string());
-            footer::scan_file(&file, base, len, max_batch, &gaps, &withhold, &mut emit)
-        });
-        let local = |e: String| object_store::Error::Generic { store: LOCAL_SEGMENT, source: e.into() };
-        if len + tail.len() as u64 <= part {
-            let mut pieces = Vec::new();
-            while let Some(b) = rx.recv().await {
-                pieces.push(b);
-            }
-            scan.await.map_err(|e| local(e.to_string()))?.map_err(local)?;
-            pieces.push(tail);
-            return self.store.put(path, PutPayload::from_iter(pieces)).await.map(|_| ());
-        }
-        let mut w = WriteMultipart::new_with_chunk_size(self.store.put_multipart(path).await?, part as usize);
-        let mut failed = None;
-        while let Some(b) = rx.recv().await {
-            if let Err(e) = w.wait_for_capacity(2).await {
-                failed = Some(e);
-                break;
-            }
-            w.put(b);
-        }
-        drop(rx); // stops the scan if the upload failed
-        let scanned = scan.await.map_err(|e| local(e.to_string())).and_then(|r| r.map_err(local));
-        if let Some(e) = failed.or(scanned.err()) {
-            let _ = w.abort().await;
-            return Err(e);
-        }
-        w.put(tail);
-        w.finish().await.map(|_| ())
-    }
-
     /// Publishes the next manifest version with `change` applied.
     async fn commit(&self, change: impl FnOnce(&mut Manifest)) -> Result<(), Error> {
         let mut m = self.manifest.lock().await;
@@ -799,29 +661,6 @@ impl Inner {
         self.footers.lock().expect("invariant: lock not poisoned").insert(o.base, f.clone());
         Ok(f)
     }
-}
-
-/// The consume queues with entries in `[from, to)` and where those entries start.
-fn queue_spans(
-    storage: &Storage,
-    f: &Footer,
-    from: LogPosition,
-    to: LogPosition,
-) -> Result<Vec<footer::QueueSpan>, Error> {
-    let mut names: Vec<QueueName> = f.topics.iter().map(|s| QueueName::Topic(s.name.clone())).collect();
-    names.extend(f.partitions.iter().filter_map(|s| footer::parse_queue_key(&format!("p:{}", s.name))));
-    for filter in storage.filters()? {
-        if f.topics.iter().any(|t| silt_types::filter_matches(&filter, &t.name)) {
-            names.push(QueueName::Filter(filter));
-        }
-    }
-    let mut out = Vec::with_capacity(names.len());
-    for name in names {
-        if let Some((first, count)) = storage.queue_span(&name, from, to)? {
-            out.push(footer::QueueSpan { name: footer::queue_key(&name), first: first.get(), count });
-        }
-    }
-    Ok(out)
 }
 
 /// A name for this node in the manifest: host, process and a random part.
