@@ -41,7 +41,8 @@ pub struct StorageConfig {
     pub queue_cache_entries: usize,
     /// RocksDB block cache for the index (bytes).
     pub index_block_cache_bytes: u64,
-    /// RocksDB memtable size for the index (bytes).
+    /// RocksDB memtable size for the index (bytes). After a full disk, index writes resume
+    /// by themselves once at least this much space is free again.
     pub index_write_buffer_bytes: u64,
     /// How often the index is flushed while it changes (ms): after a crash, dispatch resumes
     /// from the last flush.

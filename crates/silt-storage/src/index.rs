@@ -12,6 +12,13 @@
 //! RocksDB's WAL disabled, and `atomic_flush` keeps the checkpoint and the entries it covers
 //! in step across column families. After a crash the index resumes from the last flushed
 //! checkpoint; deleting the directory costs a rebuild, never data.
+//!
+//! A full disk: a flush that fails with ENOSPC puts RocksDB in a background-error state that
+//! refuses writes. Its default `SstFileManager` resumes them by itself (checking every 5 s)
+//! once the free space reaches the largest write buffer (`index_write_buffer_bytes`, 64 MiB
+//! by default); until then the dispatcher's rounds fail and are retried. Not guaranteed: on a
+//! disk that frees less than that, dispatch stays stopped until a restart. Neither rust-rocksdb
+//! 0.25 nor RocksDB's C API exposes `DB::Resume()`, which could resume sooner.
 
 use std::path::Path;
 
