@@ -113,11 +113,18 @@ pub(crate) fn ensure(seg: &Segment, off: u64, len: u64, limit: u64, gaps_ok: boo
     if off + len > limit {
         return Err(Error::NotFound(seg.base.get() + off));
     }
-    off_runtime(|| {
-        let guard = seg.lock_walk();
-        walk(seg, &guard, off + len, (off + len + CHECK_AHEAD).min(limit), limit, ctx)
-    })?;
-    if covered()? { Ok(()) } else { Err(Error::NotFound(seg.base.get() + off)) }
+    // Twice at most: a fresh check of the whole segment (the uploader's, after a failed
+    // upload) may reset the watermark between the walk and the look.
+    for _ in 0..2 {
+        off_runtime(|| {
+            let guard = seg.lock_walk();
+            walk(seg, &guard, off + len, (off + len + CHECK_AHEAD).min(limit), limit, ctx)
+        })?;
+        if covered()? {
+            return Ok(());
+        }
+    }
+    Err(Error::NotFound(seg.base.get() + off))
 }
 
 /// Checks (and repairs) every batch of `seg` up to `limit`; returns its gaps.
