@@ -248,16 +248,19 @@ pub enum Close {
 }
 
 impl Close {
-    /// The reason code of the DISCONNECT an MQTT 5.0 client gets, if any.
+    /// The reason code of the DISCONNECT an MQTT 5.0 client gets, if any. A decode error
+    /// whose code a DISCONNECT may not carry (0x84 for a second CONNECT naming an unknown
+    /// version, say) is reported as a protocol error.
     pub fn disconnect_reason(&self) -> Option<ReasonCode> {
-        match self {
-            Close::KeepAliveTimeout => Some(ReasonCode::KeepAliveTimeout),
-            Close::Malformed(e) => Some(e.reason_code()),
-            Close::Error(code, _) => Some(*code),
-            Close::TakenOver => Some(ReasonCode::SessionTakenOver),
-            Close::Shutdown => Some(ReasonCode::ServerShuttingDown),
-            Close::Client { .. } | Close::Lost | Close::ConnectTimeout | Close::Refused(_) => None,
-        }
+        let code = match self {
+            Close::KeepAliveTimeout => ReasonCode::KeepAliveTimeout,
+            Close::Malformed(e) => e.reason_code(),
+            Close::Error(code, _) => *code,
+            Close::TakenOver => ReasonCode::SessionTakenOver,
+            Close::Shutdown => ReasonCode::ServerShuttingDown,
+            Close::Client { .. } | Close::Lost | Close::ConnectTimeout | Close::Refused(_) => return None,
+        };
+        Some(if code.allowed_in(crate::types::PacketType::Disconnect) { code } else { ReasonCode::ProtocolError })
     }
 
     /// The Reason String of the DISCONNECT: what went wrong, as precisely as known.

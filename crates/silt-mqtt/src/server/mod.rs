@@ -313,10 +313,10 @@ impl<T> Connection<T> {
             Packet::Unsubscribe(u) => self.on_unsubscribe(u),
             Packet::PingReq => self.queue(&Packet::PingResp),
             Packet::Disconnect(d) => self.on_disconnect(d),
-            Packet::Auth(_) => self.close(Close::Error(
-                ReasonCode::BadAuthenticationMethod,
-                "AUTH without an authentication method in the CONNECT",
-            )),
+            // 0x8C is no DISCONNECT code: an AUTH where no method was agreed is a protocol
+            // error (MQTT 5.0 §4.12).
+            Packet::Auth(_) => self
+                .close(Close::Error(ReasonCode::ProtocolError, "AUTH without an authentication method in the CONNECT")),
             // A second CONNECT, or a packet only a server sends.
             Packet::Connect(_) | Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
                 self.close(Close::Error(ReasonCode::ProtocolError, "a second CONNECT, or a packet only a server sends"))

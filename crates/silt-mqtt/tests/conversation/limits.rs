@@ -197,3 +197,25 @@ fn refused_deep_publishes_count_against_receive_maximum_behind_a_slow_store() {
     w.complete_store(0);
     assert_eq!(disconnect(&w).map(|d| d.0), Some(ReasonCode::ReceiveMaximumExceeded));
 }
+
+/// Found by the `mqtt_server` fuzz target: the DISCONNECT for an AUTH packet carried 0x8C,
+/// which a DISCONNECT may not carry (the packet failed to encode and was dropped).
+#[test]
+fn an_auth_packet_without_an_agreed_method_gets_a_protocol_error_disconnect() {
+    let mut w = World::connected(Connect::new(V5, "auth", 60));
+    w.client.send(Packet::Auth(silt_mqtt::Auth::default()));
+    w.run();
+    assert_eq!(disconnect(&w).map(|d| d.0), Some(ReasonCode::ProtocolError));
+}
+
+/// Found by the `mqtt_server` fuzz target: a second CONNECT naming a version the server does
+/// not speak closed the connection with a DISCONNECT carrying 0x84, which a DISCONNECT may
+/// not carry (the packet failed to encode and was dropped).
+#[test]
+fn a_second_connect_with_an_unknown_version_gets_a_protocol_error_disconnect() {
+    let mut w = World::connected(Connect::new(V5, "twice", 60));
+    // CONNECT, protocol name "MQTT", level 9.
+    w.client.send_bytes(&[0x10, 0x0d, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x09, 0x02, 0x00, 0x3c, 0x00, 0x01, b'c']);
+    w.run();
+    assert_eq!(disconnect(&w).map(|d| d.0), Some(ReasonCode::ProtocolError));
+}
