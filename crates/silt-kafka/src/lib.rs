@@ -1,0 +1,15 @@
+//! Silt's Kafka protocol core, without sockets, runtime, clocks or storage: what a Kafka
+//! broker decides from the bytes a client sends and the state it keeps, for a driver
+//! (`silt-kafka-broker`) to execute against the log.
+//!
+//! Module map:
+//! - [`codec`]: frames (length-prefixed, size checked first), request decoding with Kafka's
+//!   version rules, response encoding (header versions, ApiVersions' v0 header).
+//! - [`versions`]: the APIs and versions served, and the ApiVersions response.
+//!
+//! Messages are `kafka-protocol`'s, generated from Kafka's own schemas.
+
+pub mod codec;
+pub mod versions;
+
+pub use kafka_protocol;
