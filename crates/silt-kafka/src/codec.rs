@@ -74,7 +74,7 @@ pub struct Request {
 /// speak (answered with UNSUPPORTED_VERSION, see the module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Body {
-    Decoded(RequestKind),
+    Decoded(Box<RequestKind>),
     UnsupportedApiVersions,
 }
 
@@ -102,10 +102,10 @@ pub fn decode_request(mut frame: Bytes) -> Result<Request, FrameError> {
     let header = RequestHeader::decode(&mut frame, header_version)
         .map_err(|e| FrameError::Malformed { what: "request header", detail: e.to_string() })?;
     let body = match supported {
-        Some((min, max)) if (min..=max).contains(&version) => Body::Decoded(
+        Some((min, max)) if (min..=max).contains(&version) => Body::Decoded(Box::new(
             RequestKind::decode(key, &mut frame, version)
                 .map_err(|e| FrameError::Malformed { what: "request body", detail: e.to_string() })?,
-        ),
+        )),
         _ if key == ApiKey::ApiVersions => Body::UnsupportedApiVersions,
         Some((min, max)) => return Err(FrameError::UnsupportedVersion { key, version, min, max }),
         None => return Err(FrameError::UnsupportedVersion { key, version, min: 0, max: -1 }),
