@@ -351,7 +351,7 @@ impl LogShared {
         match self.segment_for(pos) {
             Some(seg) => {
                 let off = pos.get() - seg.base.get();
-                repair::ensure(&seg, off, len as u64, self.limit(&seg), gaps_ok, &self.repair_ctx())?;
+                repair::ensure(&seg, off, len as u64, gaps_ok, || (self.limit(&seg), self.repair_ctx()))?;
                 seg.read(pos, len)
             }
             None => self.cold.get().ok_or(Error::NotFound(pos.get()))?.read(pos, len),
@@ -377,7 +377,7 @@ impl LogShared {
             if off >= limit {
                 return Err(Error::NotFound(pos.get()));
             }
-            match repair::ensure(&seg, off, 1, limit, false, &self.repair_ctx()) {
+            match repair::ensure(&seg, off, 1, false, || (limit, self.repair_ctx())) {
                 Ok(()) => {}
                 Err(Error::Quarantined(_)) => {
                     let (_, end) = seg.gap_at(off, 1).expect("invariant: a quarantined read lies in a gap");

@@ -99,10 +99,17 @@ pub(crate) fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
     if on_worker { tokio::task::block_in_place(f) } else { f() }
 }
 
-/// Makes sure `[off, off + len)` of `seg` is checked (repairing what fails), with `limit` the
-/// readable length. `Err(Quarantined)` when the range touches a gap, unless `gaps_ok` (then
-/// the gap batches' bytes may be read as they are: an upload copies the log as it is).
-pub(crate) fn ensure(seg: &Segment, off: u64, len: u64, limit: u64, gaps_ok: bool, ctx: &Ctx<'_>) -> Result<()> {
+/// Makes sure `[off, off + len)` of `seg` is checked (repairing what fails). `Err(Quarantined)`
+/// when the range touches a gap, unless `gaps_ok` (then the gap batches' bytes may be read as
+/// they are: an upload copies the log as it is). `slow` gives the readable length and what a
+/// walk needs; the fast path (the range was checked before) does not call it.
+pub(crate) fn ensure<'c>(
+    seg: &Segment,
+    off: u64,
+    len: u64,
+    gaps_ok: bool,
+    slow: impl FnOnce() -> (u64, Ctx<'c>),
+) -> Result<()> {
     let covered = || match seg.checked(off, len) {
         Err(Error::Quarantined(_)) if gaps_ok => Ok(true),
         r => r,
@@ -110,6 +117,7 @@ pub(crate) fn ensure(seg: &Segment, off: u64, len: u64, limit: u64, gaps_ok: boo
     if covered()? {
         return Ok(());
     }
+    let (limit, ctx) = slow();
     if off + len > limit {
         return Err(Error::NotFound(seg.base.get() + off));
     }
@@ -118,7 +126,7 @@ pub(crate) fn ensure(seg: &Segment, off: u64, len: u64, limit: u64, gaps_ok: boo
     for _ in 0..2 {
         off_runtime(|| {
             let guard = seg.lock_walk();
-            walk(seg, &guard, off + len, (off + len + CHECK_AHEAD).min(limit), limit, ctx)
+            walk(seg, &guard, off + len, (off + len + CHECK_AHEAD).min(limit), limit, &ctx)
         })?;
         if covered()? {
             return Ok(());
