@@ -9,6 +9,8 @@
 //! - `dispatch/{1_queue,1m_queues}`: index entries/s when the dispatcher rebuilds the index
 //!   from an existing log; also prints the disk and memory the index of 1,000,000 queues takes.
 //! - `read/{tail,disk}`: records/s read back through a topic queue.
+//! - `read/disk_first_pass`: the same from sealed segments just opened, so every batch read is
+//!   CRC-checked on the way (the checked-read walk; `read/disk` reads batches checked before).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -237,7 +239,7 @@ fn read(c: &mut Criterion) {
     for (name, tail) in [("tail", 256u64 << 20), ("disk", 0)] {
         let dir = tempfile::tempdir_in(".").unwrap();
         let cfg = StorageConfig { tail_cache_bytes: tail, segment_bytes: 8 << 20, ..config(FsyncPolicy::Never) };
-        let s = Storage::open(dir.path(), cfg).unwrap();
+        let s = Storage::open(dir.path(), cfg.clone()).unwrap();
         let batch: Vec<Record> = (0..1000).map(|_| record("r/t", 1024)).collect();
         for _ in 0..n / 1000 {
             s.append_blocking(&batch).unwrap();
@@ -258,6 +260,26 @@ fn read(c: &mut Criterion) {
             })
         });
         s.close().unwrap();
+        if name == "disk" {
+            // Reopened for each pass: the first read of each batch checks its CRC.
+            g.bench_function("disk_first_pass", |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let s = Storage::open(dir.path(), cfg.clone()).unwrap();
+                        let start = Instant::now();
+                        let mut from = Offset(0);
+                        while from.get() < n as u64 {
+                            let recs = s.read_queue(id, from, 1000).unwrap();
+                            from = Offset(from.get() + recs.len() as u64);
+                        }
+                        total += start.elapsed();
+                        s.close().unwrap();
+                    }
+                    total
+                })
+            });
+        }
     }
     g.finish();
 }
