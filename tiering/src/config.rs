@@ -125,11 +125,14 @@ pub struct TopicPolicy {
     pub retention_ms: u64,
     /// Per topic, bytes kept beyond which the oldest are deleted; 0 = no limit.
     pub retention_bytes: u64,
+    /// Partitions a stream (Kafka topic) gets when it is created, by its first record or by
+    /// CreateTopics without a count; fixed from then on. Looked up by the stream's name.
+    pub partitions: u32,
 }
 
 impl Default for TopicPolicy {
     fn default() -> Self {
-        Self { tier: Tier::Object, ack: AckDurability::Local, retention_ms: 0, retention_bytes: 0 }
+        Self { tier: Tier::Object, ack: AckDurability::Local, retention_ms: 0, retention_bytes: 0, partitions: 1 }
     }
 }
 
@@ -144,6 +147,7 @@ pub struct TopicRule {
     pub ack: Option<AckDurability>,
     pub retention_ms: Option<u64>,
     pub retention_bytes: Option<u64>,
+    pub partitions: Option<u32>,
 }
 
 /// Topic policies resolved through a topic trie: the first matching rule (in file order) wins;
@@ -166,6 +170,9 @@ impl Policies {
                     if p.tier == Tier::Local { "local" } else { "memory" }
                 ));
             }
+            if !(1..=10_000).contains(&p.partitions) {
+                return Err(format!("{key}.partitions: must be between 1 and 10000"));
+            }
             Ok(())
         };
         consistent(&default, "topic_defaults")?;
@@ -179,6 +186,7 @@ impl Policies {
                 ack: r.ack.unwrap_or(default.ack),
                 retention_ms: r.retention_ms.unwrap_or(default.retention_ms),
                 retention_bytes: r.retention_bytes.unwrap_or(default.retention_bytes),
+                partitions: r.partitions.unwrap_or(default.partitions),
             };
             consistent(&p, &format!("topics[{i}]"))?;
             resolved.push(p);
@@ -267,16 +275,28 @@ mod tests {
             ack: None,
             retention_ms: None,
             retention_bytes: None,
+            partitions: None,
         };
         let rules = [
             TopicRule { ack: Some(AckDurability::Object), retention_bytes: Some(5), ..rule("a/+/x") },
-            TopicRule { retention_ms: Some(1), tier: Some(Tier::Local), ..rule("a/#") },
+            TopicRule { retention_ms: Some(1), tier: Some(Tier::Local), partitions: Some(3), ..rule("a/#") },
         ];
         let p = Policies::new(default.clone(), &rules).unwrap();
-        let object =
-            TopicPolicy { tier: Tier::Object, ack: AckDurability::Object, retention_ms: 7, retention_bytes: 5 };
+        let object = TopicPolicy {
+            tier: Tier::Object,
+            ack: AckDurability::Object,
+            retention_ms: 7,
+            retention_bytes: 5,
+            partitions: 1,
+        };
         assert_eq!(p.for_topic("a/b/x"), &object);
-        let local = TopicPolicy { tier: Tier::Local, ack: AckDurability::Local, retention_ms: 1, retention_bytes: 0 };
+        let local = TopicPolicy {
+            tier: Tier::Local,
+            ack: AckDurability::Local,
+            retention_ms: 1,
+            retention_bytes: 0,
+            partitions: 3,
+        };
         assert_eq!(p.for_topic("a/b/y"), &local);
         assert_eq!(p.for_topic("a"), &local);
         assert_eq!(p.for_topic("b"), &default);
@@ -286,7 +306,9 @@ mod tests {
         let contradiction = TopicRule { tier: Some(Tier::Local), ack: Some(AckDurability::Object), ..rule("c") };
         assert!(Policies::new(default.clone(), &[contradiction]).err().unwrap().contains("topics[0]"));
         let contradiction = TopicRule { tier: Some(Tier::Memory), ack: Some(AckDurability::Object), ..rule("c") };
-        assert!(Policies::new(default, &[contradiction]).err().unwrap().contains("memory topic"));
+        assert!(Policies::new(default.clone(), &[contradiction]).err().unwrap().contains("memory topic"));
+        let none = TopicRule { partitions: Some(0), ..rule("d") };
+        assert!(Policies::new(default, &[none]).err().unwrap().contains("topics[0].partitions"));
     }
 
     #[test]
@@ -297,6 +319,7 @@ mod tests {
             ack: None,
             retention_ms: None,
             retention_bytes: None,
+            partitions: None,
         }];
         let p = Policies::new(TopicPolicy::default(), &rules).unwrap();
         assert!(p.any_memory_tier() && p.memory("fast/1") && !p.memory("$SYS/broker/uptime"));

@@ -52,7 +52,14 @@ fn start(dir: &Path, cfg: TieringConfig, policies: Policies) -> Node {
 }
 
 fn rule(pattern: &str) -> TopicRule {
-    TopicRule { pattern: pattern.into(), tier: None, ack: None, retention_ms: None, retention_bytes: None }
+    TopicRule {
+        pattern: pattern.into(),
+        tier: None,
+        ack: None,
+        retention_ms: None,
+        retention_bytes: None,
+        partitions: None,
+    }
 }
 
 fn default_policies() -> Policies {

@@ -14,7 +14,6 @@ use silt_types::{LogPosition, Offset, Timestamp, TopicFilter};
 use tokio::sync::Notify;
 
 use crate::config::MqttConfig;
-use crate::internal;
 use crate::message::Message;
 use crate::retained::{RETAINED_COPY_STREAM, RETAINED_STREAM, RetainedStore};
 pub use crate::router::{ConnId, Router};
@@ -23,6 +22,7 @@ use crate::session::{
     SESSIONS_STREAM, SessionOwner, SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions,
     parse_shared, queue_for,
 };
+use silt_dataset::{AckFuture, Appender, Assign, RetainedIndex, TopicTiers, internal};
 
 /// A held per-filter lock ([`Broker::lock_filter`]).
 struct FilterLock<'a> {
@@ -75,7 +75,10 @@ pub struct Broker {
     pub stats: Stats,
     router: Arc<Router>,
     state: Mutex<State>,
-    retained: RwLock<RetainedStore>,
+    /// Shared with the retained index the append path keeps (see [`RetainedHandle`]).
+    retained: Arc<RwLock<RetainedStore>>,
+    /// The append path every protocol submits through.
+    appender: Arc<Appender>,
     next_conn: AtomicU64,
     /// One lock per filter in use, serializing that filter's reference changes (and shared
     /// group creation and removal) with its queue's registration in storage. Filters differ
@@ -86,9 +89,6 @@ pub struct Broker {
     pub(crate) sys_backlogs: Mutex<HashMap<String, u64>>,
     /// `$SYS/broker/...` figures as last published.
     pub(crate) sys_figures: Mutex<HashMap<String, String>>,
-    /// Per-topic tier decisions: memory-only topics, and acknowledgements that wait for the
-    /// object store (set by the server).
-    tiers: OnceLock<Arc<dyn TopicTiers>>,
     /// Extra `$SYS/broker/...` figures (name, value), e.g. tiering's.
     pub(crate) extra_stats: OnceLock<ExtraStats>,
     /// Serializes dumps of the internal streams.
@@ -97,29 +97,6 @@ pub struct Broker {
 
 /// Extra `$SYS/broker/{name}` figures, produced on each statistics tick.
 pub type ExtraStats = Box<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
-
-/// What tiering decides for a topic's messages (one policy lookup per publish).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TierDecision {
-    /// The topic lives in memory only (`tier = "memory"`): its records are volatile,
-    /// acknowledged without an fsync and gone after a restart.
-    pub memory: bool,
-    /// Acknowledgement durability beyond the local log: a QoS 1/2 publish to the topic is
-    /// acknowledged only once `wait` resolves (the object store holds the data).
-    pub object_ack: bool,
-}
-
-/// What tiering decides per topic when a message is published.
-pub trait TopicTiers: Send + Sync + 'static {
-    fn decide(&self, topic: &str) -> TierDecision;
-    fn wait(
-        &self,
-        end: LogPosition,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = silt_storage::Result<()>> + Send>>;
-}
-
-/// Resolves once a submitted message is durable (see [`Broker::submit`]).
-pub type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = silt_storage::Result<Appended>> + Send>>;
 
 /// Why [`Broker::connect`] refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,15 +115,18 @@ pub struct Connected {
 }
 
 impl Broker {
-    /// The router must be the dispatch listener the storage was opened with.
+    /// The router must be the dispatch listener the appender's storage was opened with.
     /// Blocks until the index has caught up with the log (session and retained state are read
-    /// through it), so call it before the runtime serves clients.
+    /// through it), so call it before the runtime serves clients. From now on the appender
+    /// keeps the broker's retained index of every retained record, whichever protocol it
+    /// came by.
     pub fn new(
-        storage: Arc<Storage>,
+        appender: Arc<Appender>,
         router: Arc<Router>,
         config: MqttConfig,
         auth: crate::auth::Auth,
     ) -> silt_storage::Result<Arc<Broker>> {
+        let storage = appender.storage().clone();
         storage.wait_dispatched_blocking(storage.stats().log_end)?;
         let max_levels = usize::from(config.max_topic_levels);
         let (retained, retained_replayed) = RetainedStore::load(&storage, max_levels)?;
@@ -269,6 +249,8 @@ impl Broker {
             retained = retained.len(),
             "broker state recovered"
         );
+        let retained = Arc::new(RwLock::new(retained));
+        appender.set_retained(Arc::new(RetainedHandle(retained.clone())));
         Ok(Arc::new(Broker {
             storage,
             config: Arc::new(config),
@@ -276,12 +258,12 @@ impl Broker {
             stats: Stats::default(),
             router,
             state: Mutex::new(state),
-            retained: RwLock::new(retained),
+            retained,
+            appender,
             next_conn: AtomicU64::new(1),
             filter_locks: Mutex::new(HashMap::new()),
             sys_backlogs: Mutex::new(HashMap::new()),
             sys_figures: Mutex::new(HashMap::new()),
-            tiers: OnceLock::new(),
             extra_stats: OnceLock::new(),
             dump_lock: tokio::sync::Mutex::new(()),
         }))
@@ -735,28 +717,22 @@ impl Broker {
     }
 
     /// Hands a message to the log in order and returns a future that resolves once it is
-    /// durable (and, for a retained message, once the retained index points at it).
+    /// durable (and, for a retained message, once the retained index points at it), through
+    /// the append path every protocol shares.
     pub async fn submit(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
-        let tiers = self.tiers.get();
-        let decision = tiers.map(|t| t.decide(&message.topic)).unwrap_or_default();
-        let ack = self.submit_local(message, decision.memory).await?;
+        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         // QoS 0 has no acknowledgement to hold back.
-        match tiers.filter(|_| message.qos > 0 && decision.object_ack) {
-            None => Ok(ack),
-            Some(gate) => {
-                let gate = gate.clone();
-                Ok(Box::pin(async move {
-                    let appended = ack.await?;
-                    gate.wait(appended.end).await?;
-                    Ok(appended)
-                }))
-            }
-        }
+        self.appender.submit(vec![message.to_record()], Assign::ByKey, message.qos > 0).await
     }
 
     /// Applies tiering's per-topic decisions to publishes from now on.
     pub fn set_tiers(&self, tiers: Arc<dyn TopicTiers>) {
-        let _ = self.tiers.set(tiers);
+        self.appender.set_tiers(tiers);
+    }
+
+    /// The append path (shared with the other protocols).
+    pub fn appender(&self) -> &Arc<Appender> {
+        &self.appender
     }
 
     /// Adds figures to `$SYS/broker/`.
@@ -769,7 +745,7 @@ impl Broker {
     /// Retention may delete only below it.
     pub fn internal_floor(&self) -> silt_storage::Result<LogPosition> {
         let mut floor = self.storage.stats().log_end;
-        for stream in [SESSIONS_STREAM, RETAINED_STREAM] {
+        for stream in [SESSIONS_STREAM, RETAINED_STREAM, silt_dataset::streams::STREAMS_STREAM] {
             if let Some(p) = internal::floor(&self.storage, stream)? {
                 floor = floor.min(p);
             }
@@ -826,28 +802,9 @@ impl Broker {
             self.storage.append(chunk).await?;
         }
         self.storage.append(&[internal::checkpoint_record(RETAINED_STREAM, start)]).await?;
+        self.appender.dump_streams().await?;
         self.persist_all().await;
         Ok(())
-    }
-
-    async fn submit_local(self: &Arc<Self>, message: &Message, volatile: bool) -> silt_storage::Result<AckFuture> {
-        let mut record = message.to_record();
-        record.volatile = volatile;
-        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
-        if !message.retain {
-            let ack = self.storage.submit(&[record]).await?;
-            return Ok(Box::pin(ack));
-        }
-        let size = record.encoded_len() as u32;
-        let clear = record.value.is_empty();
-        let ack = self.storage.submit(&RetainedStore::records(record, message.timestamp)).await?;
-        let (broker, topic, ts) = (self.clone(), message.topic.clone(), message.timestamp);
-        Ok(Box::pin(async move {
-            let appended = ack.await?;
-            let entry = (!clear).then(|| IndexEntry { position: appended.positions[0], size, timestamp: ts });
-            broker.retained.write().expect("invariant: lock not poisoned").set(&topic, entry);
-            Ok(appended)
-        }))
     }
 
     /// Publishes `will` for `client_id` after `delay`, unless the client reconnects first.
@@ -928,3 +885,16 @@ impl Broker {
 
 #[cfg(test)]
 mod tests;
+
+/// The broker's retained store as the append path sees it.
+struct RetainedHandle(Arc<RwLock<RetainedStore>>);
+
+impl RetainedIndex for RetainedHandle {
+    fn pointer(&self, message: &Record, now: Timestamp) -> Record {
+        RetainedStore::pointer(message, now)
+    }
+
+    fn set(&self, topic: &str, entry: Option<IndexEntry>) {
+        self.0.write().expect("invariant: lock not poisoned").set(topic, entry);
+    }
+}

@@ -31,11 +31,12 @@ use tokio::time::Instant;
 
 use crate::admission::{Admission, PendingSlot};
 use crate::auth::{Access, AuthError};
-use crate::broker::{AckFuture, Broker, ConnId, GroupRef, SessionRef};
+use crate::broker::{Broker, ConnId, GroupRef, SessionRef};
 use crate::config::MqttConfig;
 use crate::log_limit::{self, LogLimit};
 use crate::message::Message;
 use crate::session::OutboundQos2;
+use silt_dataset::AckFuture;
 
 mod inbound;
 mod outbound;

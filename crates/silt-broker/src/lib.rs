@@ -24,7 +24,6 @@ pub mod auth;
 pub mod broker;
 mod config;
 mod connection;
-mod internal;
 pub mod listeners;
 mod log_limit;
 pub mod message;
@@ -43,6 +42,7 @@ pub(crate) fn log_prefix(s: &str) -> &str {
     &s[..end]
 }
 
-pub use broker::{AckFuture, Broker, ExtraStats, Router, TierDecision, TopicTiers};
+pub use broker::{Broker, ExtraStats, Router};
 pub use config::{MqttConfig, TlsListenerConfig, WsListenerConfig, WssListenerConfig};
 pub use message::Message;
+pub use silt_dataset::{AckFuture, TierDecision, TopicTiers};

@@ -5,15 +5,15 @@
 //! MQTT 5 properties become record headers, so Kafka consumers see them too: user properties
 //! verbatim, the others under reserved `mqtt.` names. A user property whose name starts with
 //! `mqtt.` is stored as `mqtt.user.` + name, so it can never be mistaken for a reserved one.
-//! `attrs` carries QoS (bits 0–1), retain (bit 2) and the payload format indicator (bit 3).
+//! `attrs` carries QoS, retain and the payload format indicator (bits allocated for every
+//! protocol in `silt_dataset::attrs`). The partition is the shared append path's to choose
+//! (Kafka's default partitioner over the key).
 
 use bytes::Bytes;
+use silt_dataset::attrs::{QOS_MASK as ATTR_QOS_MASK, RETAIN as ATTR_RETAIN, UTF8_PAYLOAD as ATTR_UTF8_PAYLOAD};
+pub use silt_dataset::rule::stream_of;
 use silt_storage::Record;
 use silt_types::{Partition, Timestamp};
-
-const ATTR_QOS_MASK: u16 = 0b11;
-const ATTR_RETAIN: u16 = 1 << 2;
-const ATTR_UTF8_PAYLOAD: u16 = 1 << 3;
 
 const H_CONTENT_TYPE: &str = "mqtt.content_type";
 const H_RESPONSE_TOPIC: &str = "mqtt.response_topic";
@@ -39,11 +39,6 @@ pub struct Message {
     /// Client id of the publisher (for no-local).
     pub publisher: Option<String>,
     pub timestamp: Timestamp,
-}
-
-/// The stream a topic belongs to: its first level.
-pub fn stream_of(topic: &str) -> &str {
-    topic.split('/').next().unwrap_or("")
 }
 
 impl Message {

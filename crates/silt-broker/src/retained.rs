@@ -109,22 +109,21 @@ impl RetainedStore {
         out
     }
 
-    /// The records to append for a retained publish: the message, then its pointer.
-    pub fn records(message: Record, now: Timestamp) -> Vec<Record> {
+    /// The pointer record that follows a retained message in its batch.
+    pub fn pointer(message: &Record, now: Timestamp) -> Record {
         let value = if message.value.is_empty() {
             Bytes::new()
         } else {
             Bytes::copy_from_slice(&(message.encoded_len() as u32).to_be_bytes())
         };
-        let pointer = Record {
+        Record {
             timestamp: now,
             stream: RETAINED_STREAM.into(),
             partition: Partition(0),
             key: Some(Bytes::copy_from_slice(message.topic.as_bytes())),
             value,
             ..Record::default()
-        };
-        vec![message, pointer]
+        }
     }
 
     /// Rebuilds the store from the pointer stream, from its newest dump on. Returns the store
@@ -133,9 +132,9 @@ impl RetainedStore {
     /// subscribe to them now, and they are dropped at the next dump.
     pub fn load(storage: &Storage, max_levels: usize) -> silt_storage::Result<(RetainedStore, u64)> {
         let mut store = RetainedStore::default();
-        let from = crate::internal::checkpoint(storage, RETAINED_STREAM)?;
+        let from = silt_dataset::internal::checkpoint(storage, RETAINED_STREAM)?;
         let mut skipped = 0u64;
-        let replayed = crate::internal::scan(storage, RETAINED_STREAM, from, |e, r| {
+        let replayed = silt_dataset::internal::scan(storage, RETAINED_STREAM, from, |e, r| {
             let topic = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
             if silt_types::level_count(&topic) > max_levels {
                 if skipped == 0 {

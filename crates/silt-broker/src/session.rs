@@ -179,9 +179,9 @@ impl SessionSnapshot {
     /// Reads the snapshots from the newest dump on; the last one per key wins. Returns them
     /// and how many records were replayed.
     pub fn load_all(storage: &Storage) -> silt_storage::Result<(HashMap<String, SessionSnapshot>, u64)> {
-        let from = crate::internal::checkpoint(storage, SESSIONS_STREAM)?;
+        let from = silt_dataset::internal::checkpoint(storage, SESSIONS_STREAM)?;
         let mut out = HashMap::new();
-        let replayed = crate::internal::scan(storage, SESSIONS_STREAM, from, |_, r| {
+        let replayed = silt_dataset::internal::scan(storage, SESSIONS_STREAM, from, |_, r| {
             let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
             if r.value.is_empty() {
                 out.remove(&key);

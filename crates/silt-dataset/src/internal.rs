@@ -1,4 +1,4 @@
-//! The broker's internal streams: records in the commitlog that carry broker state rather than
+//! Internal streams: records in the commitlog that carry broker state rather than
 //! messages, so that state lives (and is recovered) exactly like the data.
 //!
 //! - `__silt_sessions`: session and shared-group snapshots, last one per key wins.

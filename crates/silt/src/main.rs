@@ -146,7 +146,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e}", cfg.data_dir.display()))?;
     tiering.attach(storage.clone()).map_err(|e| anyhow::anyhow!("tiering: {e}"))?;
     let auth = silt_broker::auth::Auth::load(&cfg.mqtt.auth).map_err(|e| anyhow::anyhow!("mqtt.auth: {e}"))?;
-    let broker = Broker::new(storage.clone(), router, cfg.mqtt.clone(), auth)
+    let policies = tiering.policies();
+    let partitions: silt_dataset::DefaultPartitions = Box::new(move |stream| policies.for_topic(stream).partitions);
+    let appender = silt_dataset::Appender::open(storage.clone(), partitions)
+        .map(Arc::new)
+        .map_err(|e| anyhow::anyhow!("cannot recover the stream registry: {e}"))?;
+    let broker = Broker::new(appender, router, cfg.mqtt.clone(), auth)
         .map_err(|e| anyhow::anyhow!("cannot recover broker state: {e}"))?;
     let tiering = Arc::new(tiering);
     tiered::wire(&broker, &tiering, rt.handle().clone());

@@ -33,10 +33,13 @@ fn start_up_compacts_long_state_replays_to_the_live_state() {
             timestamp: Timestamp::now(),
             ..Message::default()
         };
-        let a = storage.append_blocking(&RetainedStore::records(m.to_record(), m.timestamp)).unwrap();
+        let record = m.to_record();
+        let pointer = RetainedStore::pointer(&record, m.timestamp);
+        let a = storage.append_blocking(&[record, pointer]).unwrap();
         last = Some(a.positions[0]);
     }
-    let broker = Broker::new(storage.clone(), router, MqttConfig::default(), Auth::open()).unwrap();
+    let appender = Arc::new(silt_dataset::Appender::open(storage.clone(), Box::new(|_| 1)).unwrap());
+    let broker = Broker::new(appender, router, MqttConfig::default(), Auth::open()).unwrap();
     assert_eq!(broker.session_count(), 1);
     drop(broker);
     storage.wait_dispatched_blocking(storage.stats().log_end).unwrap();
