@@ -83,6 +83,7 @@ impl Message {
             control: false,
             withheld: false,
             volatile: false,
+            producer: None,
         }
     }
 

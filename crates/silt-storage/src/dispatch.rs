@@ -41,6 +41,8 @@ use crate::throttle::Throttle;
 /// Control record operations (first byte of a control record's value).
 pub(crate) const OP_REGISTER_FILTER: u8 = 1;
 pub(crate) const OP_DROP_FILTER: u8 = 2;
+/// Drops a stream-partition queue (a deleted Kafka topic); the value is the queue's key.
+pub(crate) const OP_DROP_PARTITION: u8 = 3;
 
 /// Most records indexed in one round (one RocksDB write).
 const MAX_ROUND_RECORDS: usize = 16_384;
@@ -343,6 +345,9 @@ impl Dispatcher {
             round.skipped += 1;
             return Ok(());
         };
+        if *op == OP_DROP_PARTITION {
+            return self.drop_partition(round, pos, rest);
+        }
         let Some(filter) = std::str::from_utf8(rest).ok().and_then(|s| TopicFilter::new(s).ok()) else {
             tracing::warn!(position = %pos, "a control record with an invalid filter; skipped");
             round.skipped += 1;
@@ -371,6 +376,26 @@ impl Dispatcher {
             }
             (OP_REGISTER_FILTER | OP_DROP_FILTER, _) => {} // already in the wanted state
             (other, _) => tracing::warn!(op = other, position = %pos, "unknown control record skipped"),
+        }
+        Ok(())
+    }
+
+    /// Drops the stream-partition queue whose key is `key`, with its entries: the next record
+    /// of that partition starts a new queue at offset 0.
+    fn drop_partition(&mut self, round: &mut Round<'_>, pos: LogPosition, key: &[u8]) -> Result<()> {
+        if key.first() != Some(&b'p') {
+            tracing::warn!(position = %pos, "a partition drop naming no partition queue; skipped");
+            round.skipped += 1;
+            return Ok(());
+        }
+        let existing = match round.touched.get(key) {
+            Some(s) => Some(s.id),
+            None => self.index.lookup_key(key)?.map(|m| m.id),
+        };
+        if let Some(id) = existing {
+            round.batch.delete_queue(key, id);
+            round.touched.remove(key);
+            round.dropped.push(key.to_vec());
         }
         Ok(())
     }

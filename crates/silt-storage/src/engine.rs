@@ -23,7 +23,7 @@ use silt_types::{LogPosition, Offset, QueueId, Timestamp, TopicFilter};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use crate::config::StorageConfig;
-use crate::dispatch::{DispatchListener, Dispatcher, OP_DROP_FILTER, OP_REGISTER_FILTER};
+use crate::dispatch::{DispatchListener, Dispatcher, OP_DROP_FILTER, OP_DROP_PARTITION, OP_REGISTER_FILTER};
 use crate::error::{Error, Result};
 use crate::format::{self, Record};
 use crate::index::{Index, IndexEntry, QueueName};
@@ -261,6 +261,50 @@ impl Storage {
 
     pub fn drop_filter_blocking(&self, filter: &TopicFilter) -> Result<()> {
         block_on(self.drop_filter(filter))
+    }
+
+    /// Drops a stream-partition queue and its entries (the records stay in the log): the
+    /// partition's next record starts it again at offset 0 (a deleted Kafka topic).
+    pub async fn drop_partition(&self, name: &QueueName) -> Result<()> {
+        let QueueName::Partition { .. } = name else {
+            return Err(Error::Invalid("only stream-partition queues are dropped this way".into()));
+        };
+        let key = name.encode();
+        let mut value = Vec::with_capacity(1 + key.len());
+        value.push(OP_DROP_PARTITION);
+        value.extend_from_slice(&key);
+        let record =
+            Record { timestamp: Timestamp::now(), value: Bytes::from(value), control: true, ..Record::default() };
+        let appended = self.append_any(&[record]).await?;
+        self.wait_dispatched(appended.end).await
+    }
+
+    /// The offset of the record at `position` in queue `id`, if the queue holds it.
+    pub fn offset_of(&self, id: QueueId, position: LogPosition) -> Result<Option<Offset>> {
+        let index = self.index()?;
+        let next = index.last_offset(id)?.map_or(Offset(0), Offset::next);
+        let first = index.first_offset(id)?.unwrap_or(next);
+        let at = first_held(&index, id, first, next, position)?;
+        Ok(index.read(id, at, 1)?.first().filter(|(_, e)| e.position == position).map(|(o, _)| *o))
+    }
+
+    /// The first offset of queue `id` at or above `from` whose entry's timestamp is at least
+    /// `ts`, if any (Kafka's ListOffsets by time). Timestamps are taken to grow with offsets,
+    /// as they do for records timestamped by the broker; with producer timestamps out of
+    /// order the answer is one such offset, not necessarily the first.
+    pub fn offset_for_time(&self, id: QueueId, from: Offset, ts: Timestamp) -> Result<Option<Offset>> {
+        let index = self.index()?;
+        let next = index.last_offset(id)?.map_or(Offset(0), Offset::next);
+        let (mut lo, mut hi) = (from.get(), next.get());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match index.read(id, Offset(mid), 1)?.first() {
+                Some((o, e)) if e.timestamp < ts => lo = o.get() + 1,
+                Some((o, _)) => hi = o.get().min(mid),
+                None => hi = mid,
+            }
+        }
+        Ok((lo < next.get()).then_some(Offset(lo)))
     }
 
     /// The id of a queue, if it exists.

@@ -12,13 +12,18 @@
 //! body         := version u8 = 1 | attributes u8 (bit 0: GAP) | reserved u16 = 0 | count u32
 //!                 | record*count
 //! record       := len u32 (whole record, this field included)
-//!                 | flags u8 (bit 0: control record, bit 1: withheld, bit 2: volatile)
+//!                 | flags u8 (bit 0: control record, bit 1: withheld, bit 2: volatile,
+//!                   bit 3: producer)
 //!                 | reserved u8 | attrs u16
 //!                 | timestamp i64 (ms since epoch) | partition u32
 //!                 | stream: u16 len, UTF-8 | topic: u16 len, UTF-8 (empty: none)
 //!                 | key: u32 len (0xFFFF_FFFF: null), bytes | value: u32 len, bytes
 //!                 | headers: u16 count, (name: u16 len UTF-8, value: u32 len bytes)*count
+//!                 | [producer: id i64 | epoch i16 | sequence i32]   (flag bit 3 only)
 //! ```
+//!
+//! The *producer* trailer is a Kafka producer's identity and sequence number for the record
+//! (idempotent and transactional producers), which a fetch hands back in the record's batch.
 //!
 //! A *withheld* record is a copy whose key, value and headers were replaced by zeros of the same
 //! total length (`value` holds them; no headers): the object-store copy of a record whose topic
@@ -63,6 +68,9 @@ const RECORD_FIXED_LEN: usize = 4 + 1 + 1 + 2 + 8 + 4;
 const FLAG_CONTROL: u8 = 1;
 const FLAG_WITHHELD: u8 = 2;
 const FLAG_VOLATILE: u8 = 4;
+const FLAG_PRODUCER: u8 = 8;
+/// Bytes of the producer trailer.
+const PRODUCER_LEN: usize = 8 + 2 + 4;
 const NULL_KEY: u32 = u32::MAX;
 
 /// Why bytes are not a valid batch or record.
@@ -105,6 +113,17 @@ pub struct Record {
     /// Lives only as long as the process that appended it (a `tier = "memory"` topic; see the
     /// module documentation).
     pub volatile: bool,
+    /// The Kafka producer that wrote it, with the record's sequence number (idempotent and
+    /// transactional producers only).
+    pub producer: Option<Producer>,
+}
+
+/// A Kafka producer's identity and a record's sequence number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Producer {
+    pub id: i64,
+    pub epoch: i16,
+    pub sequence: i32,
 }
 
 impl Record {
@@ -121,6 +140,7 @@ impl Record {
             + self.value.len()
             + 2
             + self.headers.iter().map(|(k, v)| 2 + k.len() + 4 + v.len()).sum::<usize>()
+            + if self.producer.is_some() { PRODUCER_LEN } else { 0 }
     }
 
     /// Checks the lengths the format can represent.
@@ -148,7 +168,8 @@ impl Record {
         out.put_u8(
             if self.control { FLAG_CONTROL } else { 0 }
                 | if self.withheld { FLAG_WITHHELD } else { 0 }
-                | if self.volatile { FLAG_VOLATILE } else { 0 },
+                | if self.volatile { FLAG_VOLATILE } else { 0 }
+                | if self.producer.is_some() { FLAG_PRODUCER } else { 0 },
         );
         out.put_u8(0);
         out.put_u16_le(self.attrs);
@@ -173,6 +194,11 @@ impl Record {
             out.put_slice(k.as_bytes());
             out.put_u32_le(v.len() as u32);
             out.put_slice(v);
+        }
+        if let Some(p) = &self.producer {
+            out.put_i64_le(p.id);
+            out.put_i16_le(p.epoch);
+            out.put_i32_le(p.sequence);
         }
     }
 
@@ -202,6 +228,11 @@ impl Record {
             let vlen = r.u32()? as usize;
             headers.push((name, r.bytes(vlen)?));
         }
+        let producer = if flags & FLAG_PRODUCER != 0 {
+            Some(Producer { id: r.u64()? as i64, epoch: r.u16()? as i16, sequence: r.u32()? as i32 })
+        } else {
+            None
+        };
         if r.pos != buf.len() {
             return Err(FormatError::Malformed("trailing bytes after record"));
         }
@@ -217,6 +248,7 @@ impl Record {
             control: flags & FLAG_CONTROL != 0,
             withheld: flags & FLAG_WITHHELD != 0,
             volatile: flags & FLAG_VOLATILE != 0,
+            producer,
         })
     }
 
@@ -237,6 +269,7 @@ impl Record {
             control: self.control,
             withheld: true,
             volatile: self.volatile,
+            producer: None,
         }
     }
 
@@ -584,8 +617,9 @@ mod tests {
             prop::collection::vec(("[a-z]{0,6}", prop::collection::vec(any::<u8>(), 0..8)), 0..4),
             any::<u16>(),
             any::<bool>(),
+            prop::option::of((any::<i64>(), any::<i16>(), any::<i32>())),
         )
-            .prop_map(|(ts, stream, p, topic, key, value, headers, attrs, volatile)| Record {
+            .prop_map(|(ts, stream, p, topic, key, value, headers, attrs, volatile, producer)| Record {
                 timestamp: Timestamp(ts),
                 stream,
                 partition: Partition(p),
@@ -597,6 +631,7 @@ mod tests {
                 control: false,
                 withheld: false,
                 volatile,
+                producer: producer.map(|(id, epoch, sequence)| Producer { id, epoch, sequence }),
             })
     }
 
@@ -705,6 +740,7 @@ mod tests {
             control: true,
             withheld: false,
             volatile: true,
+            producer: Some(Producer { id: 9, epoch: 1, sequence: 5 }),
         };
         let enc = encode_batch(std::slice::from_ref(&r), 1 << 20).unwrap();
         let (off, len) = enc.records[0];

@@ -38,7 +38,7 @@ pub use config::{FsyncPolicy, StorageConfig};
 pub use dispatch::{DispatchListener, Dispatched};
 pub use engine::{PendingAppendAck, Storage, StorageStats};
 pub use error::{Error, ErrorKind, Result};
-pub use format::Record;
+pub use format::{Producer, Record};
 pub use index::{IndexEntry, QueueName};
 pub use log::{Appended, ColdReader, SealedSegment};
 pub use restore::{install_segment_file, log_dir, staging_path, start_segment};

@@ -363,3 +363,61 @@ fn volatile_records_live_until_a_restart_and_need_no_fsync() {
     assert_eq!(s.read_record(&last[0].1).unwrap().value, Bytes::from_static(b"after"));
     s.close().unwrap();
 }
+
+/// What a Kafka produce response and ListOffsets need: the offset of the record at a position,
+/// and the first offset at or after a time.
+#[test]
+fn offsets_are_found_by_position_and_by_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let mut positions = Vec::new();
+    for i in 0..100i64 {
+        let mut r = record("k", 0, "k/x", format!("v{i}"));
+        r.timestamp = silt_types::Timestamp(1_000 + i * 10);
+        positions.push(s.append_blocking(std::slice::from_ref(&r)).unwrap().positions[0]);
+    }
+    s.wait_dispatched_blocking(s.stats().log_end).unwrap();
+    let p = QueueName::Partition { stream: "k".into(), partition: Partition(0) };
+    let id = s.queue_id(&p).unwrap().unwrap();
+    for (i, pos) in positions.iter().enumerate() {
+        assert_eq!(s.offset_of(id, *pos).unwrap(), Some(silt_types::Offset(i as u64)));
+    }
+    assert_eq!(s.offset_of(id, silt_types::LogPosition(positions[3].get() + 1)).unwrap(), None);
+    let at = |ts: i64| s.offset_for_time(id, silt_types::Offset(0), silt_types::Timestamp(ts)).unwrap();
+    assert_eq!(at(0), Some(silt_types::Offset(0)));
+    assert_eq!(at(1_000), Some(silt_types::Offset(0)));
+    assert_eq!(at(1_001), Some(silt_types::Offset(1)));
+    assert_eq!(at(1_500), Some(silt_types::Offset(50)));
+    assert_eq!(at(1_990), Some(silt_types::Offset(99)));
+    assert_eq!(at(1_991), None, "nothing that late");
+}
+
+/// A deleted Kafka topic: its partition queue goes, a later record starts it at offset 0, and
+/// a rebuilt index agrees (the drop is a record in the log, replayed like the data).
+#[test]
+fn a_dropped_partition_starts_again_at_zero_also_after_an_index_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = QueueName::Partition { stream: "gone".into(), partition: Partition(0) };
+    {
+        let s = open(dir.path());
+        for i in 0..5 {
+            s.append_blocking(&[record("gone", 0, "gone/x", format!("old{i}"))]).unwrap();
+        }
+        block_on_rt(s.drop_partition(&p)).unwrap();
+        assert_eq!(s.queue_id(&p).unwrap(), None);
+        assert!(block_on_rt(s.drop_partition(&topic("gone/x"))).is_err(), "only partition queues");
+        let r = record("gone", 0, "gone/x", "new");
+        let a = s.append_blocking(std::slice::from_ref(&r)).unwrap();
+        s.wait_dispatched_blocking(a.end).unwrap();
+        assert_eq!(queue(&s, &p), vec![r]);
+        s.close().unwrap();
+    }
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let s = open(dir.path());
+    s.wait_dispatched_blocking(s.stats().log_end).unwrap();
+    let id = s.queue_id(&p).unwrap().unwrap();
+    let got = s.read_queue(id, silt_types::Offset(0), 10).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].0, &got[0].1.value[..]), (silt_types::Offset(0), &b"new"[..]));
+    assert_eq!(queue(&s, &topic("gone/x")).len(), 6, "the MQTT topic's queue keeps every record");
+}
