@@ -33,10 +33,10 @@ use crate::admission::{Admission, PendingSlot};
 use crate::auth::{Access, AuthError};
 use crate::broker::{Broker, ConnId, GroupRef, SessionRef};
 use crate::config::MqttConfig;
-use crate::log_limit::{self, LogLimit};
 use crate::message::Message;
 use crate::session::OutboundQos2;
 use silt_dataset::AckFuture;
+use silt_dataset::log_limit::{self, LogLimit};
 
 mod inbound;
 mod outbound;

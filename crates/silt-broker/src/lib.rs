@@ -12,7 +12,6 @@
 //! - [`server`]: accept loops and housekeeping tasks.
 //! - [`listeners`]: the transports: TCP, TLS, WebSocket, WebSocket over TLS.
 //! - `sys`: `$SYS/broker/...` statistics.
-//! - `log_limit`: one log line per interval for what a peer can repeat at will.
 //! - [`MqttConfig`]: the `[mqtt]` settings.
 //!
 //! Guarantees: a QoS 1/2 PUBLISH is acknowledged only once its record is durable under the
@@ -25,7 +24,6 @@ pub mod broker;
 mod config;
 mod connection;
 pub mod listeners;
-mod log_limit;
 pub mod message;
 pub mod retained;
 mod router;

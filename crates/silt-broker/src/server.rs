@@ -16,7 +16,7 @@ use crate::admission::{Admission, Arrival};
 use crate::broker::Broker;
 use crate::connection::{self, Admitted};
 use crate::listeners::{self, HANDSHAKE_TIMEOUT, Listener, Transport};
-use crate::log_limit::{self, LogLimit};
+use silt_dataset::log_limit::{self, LogLimit};
 
 /// Accepts MQTT connections on `listener` until `shutdown` turns true, then closes every
 /// connection (persisting sessions) and returns.

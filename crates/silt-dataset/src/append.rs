@@ -130,8 +130,47 @@ impl Appender {
         self.streams.get(stream).map_or_else(|| (self.default_partitions)(stream).max(1), |m| m.partitions)
     }
 
+    /// Creates `stream` with `partitions` (the policy's when `None`) and waits until its
+    /// registration is durable. `Err(meta)`: it exists already, with `meta`.
+    pub async fn create_stream(
+        &self,
+        stream: &str,
+        partitions: Option<u32>,
+    ) -> silt_storage::Result<Result<crate::StreamMeta, crate::StreamMeta>> {
+        let n = partitions.unwrap_or_else(|| (self.default_partitions)(stream));
+        let record = match self.streams.create(stream, n) {
+            Ok(r) => r,
+            Err(existing) => return Ok(Err(existing)),
+        };
+        match self.storage.append(std::slice::from_ref(&record)).await {
+            Ok(_) => {
+                self.streams.confirm(stream);
+                Ok(Ok(self.streams.get(stream).expect("invariant: just created")))
+            }
+            Err(e) => {
+                self.streams.forget(stream);
+                Err(e)
+            }
+        }
+    }
+
+    /// Deletes `stream`: its registration, and its partitions' queues (the records stay in
+    /// the log, and its MQTT topics' queues keep them). A later record creates it anew.
+    /// Returns whether it existed.
+    pub async fn delete_stream(&self, stream: &str) -> silt_storage::Result<bool> {
+        let Some(meta) = self.streams.get(stream) else { return Ok(false) };
+        let Some(tombstone) = self.streams.forget(stream) else { return Ok(false) };
+        self.storage.append(std::slice::from_ref(&tombstone)).await?;
+        for p in 0..meta.partitions {
+            let name = silt_storage::QueueName::Partition { stream: stream.to_owned(), partition: Partition(p) };
+            self.storage.drop_partition(&name).await?;
+        }
+        Ok(true)
+    }
+
     /// Hands `records` to the log as one batch (see the module docs) and returns a future
-    /// that resolves when it is acknowledged. `acked`: the caller waits for the
+    /// that resolves when it is acknowledged, with the positions of `records` (in order; the
+    /// registrations and pointers added to the batch are left out). `acked`: the caller waits for the
     /// acknowledgement (QoS 1/2, acks ≥ 1), so `ack = "object"` applies.
     pub async fn submit(&self, records: Vec<Record>, assign: Assign, acked: bool) -> silt_storage::Result<AckFuture> {
         let tiers = self.tiers.get();
@@ -142,6 +181,8 @@ impl Appender {
         // (topic, index of the message in `batch`, its size, whether it clears)
         let mut pointers: Vec<(String, usize, u32, bool)> = Vec::new();
         let mut object_ack = false;
+        // Where the caller's own records sit in `batch` (registrations and pointers are ours).
+        let mut theirs = Vec::with_capacity(records.len());
         for mut r in records {
             if !r.stream.is_empty() && !rule::is_internal(&r.stream) {
                 let (meta, registration) = self.streams.ensure(&r.stream, (self.default_partitions)(&r.stream));
@@ -161,6 +202,7 @@ impl Appender {
             r.volatile |= decision.memory;
             object_ack |= decision.object_ack;
             let retain = r.attrs & attrs::RETAIN != 0 && !r.topic.is_empty();
+            theirs.push(batch.len());
             match retained.filter(|_| retain) {
                 Some(index) => {
                     let pointer = index.pointer(&r, now);
@@ -190,7 +232,8 @@ impl Appender {
             if let Some(gate) = gate {
                 gate.wait(appended.end).await?;
             }
-            Ok(appended)
+            let positions = theirs.into_iter().map(|i| appended.positions[i]).collect();
+            Ok(Appended { positions, end: appended.end })
         }))
     }
 }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use silt_broker::MqttConfig;
+use silt_kafka_broker::KafkaConfig;
 use silt_storage::StorageConfig;
 use silt_tiering::{Policies, TieringConfig, TopicPolicy, TopicRule};
 
@@ -15,6 +16,7 @@ pub struct SiltConfig {
     pub data_dir: PathBuf,
     pub storage: StorageConfig,
     pub mqtt: MqttConfig,
+    pub kafka: KafkaConfig,
     pub tiering: TieringConfig,
     /// The policy of topics no `[[topics]]` entry matches.
     pub topic_defaults: TopicPolicy,
@@ -28,6 +30,7 @@ impl Default for SiltConfig {
             data_dir: PathBuf::from("./data"),
             storage: StorageConfig::default(),
             mqtt: MqttConfig::default(),
+            kafka: KafkaConfig::default(),
             tiering: TieringConfig::default(),
             topic_defaults: TopicPolicy::default(),
             topics: Vec::new(),
@@ -55,6 +58,7 @@ impl SiltConfig {
         }
         self.storage.validate().map_err(|e| anyhow::anyhow!(e))?;
         self.mqtt.validate().map_err(|e| anyhow::anyhow!(e))?;
+        self.kafka.validate().map_err(|e| anyhow::anyhow!(e))?;
         self.tiering.validate().map_err(|e| anyhow::anyhow!(e))?;
         self.policies().map(|_| ())
     }

@@ -67,6 +67,9 @@ struct ServeArgs {
     /// PEM private key for the TLS listeners; overrides their `key_file`.
     #[arg(long, value_name = "FILE")]
     tls_key: Option<PathBuf>,
+    /// Kafka listener address; overrides `kafka.listen` (default 127.0.0.1:9092).
+    #[arg(long, value_name = "ADDR")]
+    kafka: Option<String>,
     /// Object store for sealed segments: s3://bucket/prefix (credentials, region and endpoint
     /// from AWS_* variables or the instance role) or file:///path; overrides
     /// `tiering.object_store` (default: DATA_DIR/objects).
@@ -127,6 +130,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.mqtt {
         cfg.mqtt.listen = addr;
     }
+    if let Some(addr) = args.kafka {
+        cfg.kafka.listen = addr;
+    }
     if let Some(url) = args.object_store {
         cfg.tiering.object_store = Some(url);
     }
@@ -140,8 +146,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("tiering: {e}"))?;
     tracing::info!(data_dir = %cfg.data_dir.display(), fsync = ?cfg.storage.fsync, "opening storage");
     let router = Arc::new(Router::default());
-    let listener: Arc<dyn silt_storage::DispatchListener> = router.clone();
-    let storage = Storage::open_seeded(&cfg.data_dir, cfg.storage.clone(), vec![listener], tiering.seeds())
+    let wakers = Arc::new(silt_kafka_broker::wake::Wakers::default());
+    let listeners: Vec<Arc<dyn silt_storage::DispatchListener>> = vec![router.clone(), wakers.clone()];
+    let storage = Storage::open_seeded(&cfg.data_dir, cfg.storage.clone(), listeners, tiering.seeds())
         .map(Arc::new)
         .map_err(|e| anyhow::anyhow!("cannot open storage in {}: {e}", cfg.data_dir.display()))?;
     tiering.attach(storage.clone()).map_err(|e| anyhow::anyhow!("tiering: {e}"))?;
@@ -151,7 +158,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let appender = silt_dataset::Appender::open(storage.clone(), partitions)
         .map(Arc::new)
         .map_err(|e| anyhow::anyhow!("cannot recover the stream registry: {e}"))?;
-    let broker = Broker::new(appender, router, cfg.mqtt.clone(), auth)
+    let broker = Broker::new(appender.clone(), router, cfg.mqtt.clone(), auth)
         .map_err(|e| anyhow::anyhow!("cannot recover broker state: {e}"))?;
     let tiering = Arc::new(tiering);
     tiered::wire(&broker, &tiering, rt.handle().clone());
@@ -162,6 +169,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(kind = %l.kind(), addr = %l.local_addr()?, "mqtt listener bound");
     }
     let mqtt_addr = listeners[0].local_addr()?;
+    let kafka = if cfg.kafka.enabled {
+        let cluster_id = cluster_id(&tiering.describe());
+        let node = silt_kafka_broker::Kafka::new(cfg.kafka.clone(), appender, wakers, cluster_id);
+        let listener = rt
+            .block_on(silt_kafka_broker::server::bind(&node))
+            .map_err(|e| anyhow::anyhow!("kafka.listen {}: {e}", cfg.kafka.listen))?;
+        tracing::info!(addr = %listener.local_addr()?, advertised = ?node.advertised(), "kafka listener bound");
+        Some(rt.spawn(silt_kafka_broker::server::run(node, listener, stop_rx.clone())))
+    } else {
+        None
+    };
     let server = rt.spawn(silt_broker::server::run(broker.clone(), listeners, stop_rx.clone()));
     let housekeeping = rt.spawn(silt_broker::server::run_housekeeping(broker.clone(), stop_rx));
     let stats = storage.stats();
@@ -173,6 +191,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     rt.block_on(async {
         let _ = server.await;
+        if let Some(k) = kafka {
+            let _ = k.await;
+        }
         let _ = housekeeping.await;
         broker.persist_all().await;
     });
@@ -181,6 +202,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     storage.close().map_err(|e| anyhow::anyhow!("storage did not close cleanly: {e}"))?;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// A cluster id for Kafka clients, stable for a bucket prefix (it names the one dataset).
+fn cluster_id(store: &str) -> String {
+    // FNV-1a: stable across builds and platforms, unlike the standard library's hasher.
+    let h = store.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("silt-{h:016x}")
 }
 
 /// `--mqtt-tls`, `--mqtt-ws`, `--mqtt-wss`, `--tls-cert` and `--tls-key` over the config file.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// One call site's limit; keep it in a `static`.
-pub(crate) struct LogLimit {
+pub struct LogLimit {
     every_ms: u64,
     /// Milliseconds since [`epoch`] when the next line may be written.
     next_ms: AtomicU64,
@@ -40,7 +40,7 @@ impl LogLimit {
 }
 
 /// The interval of the broker's rate-limited lines.
-pub(crate) const EVERY: Duration = Duration::from_secs(10);
+pub const EVERY: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

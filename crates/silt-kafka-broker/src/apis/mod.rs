@@ -1,0 +1,73 @@
+//! The requests a connection serves, one module per API family, and the one mapping from the
+//! engine's errors to Kafka error codes.
+
+mod fetch;
+mod metadata;
+mod offsets;
+mod produce;
+mod topics;
+
+use silt_kafka::codec::{Body, Request};
+use silt_kafka::kafka_protocol::ResponseError;
+use silt_kafka::kafka_protocol::messages::{RequestKind, ResponseKind};
+use silt_storage::ErrorKind;
+
+use crate::node::Kafka;
+
+/// What a request asks of the connection after its answer.
+pub enum Outcome {
+    /// Send this response.
+    Respond(Box<ResponseKind>),
+    /// Send nothing (a produce with acks = 0).
+    Silent,
+    /// The request cannot be served on this connection: close it, saying why.
+    Close(String),
+}
+
+fn respond(body: ResponseKind) -> Outcome {
+    Outcome::Respond(Box::new(body))
+}
+
+/// Serves one request.
+pub async fn handle(kafka: &Kafka, req: Request) -> Outcome {
+    let version = req.version;
+    let body = match req.body {
+        Body::UnsupportedApiVersions => {
+            return respond(ResponseKind::ApiVersions(silt_kafka::versions::api_versions(
+                ResponseError::UnsupportedVersion.code(),
+            )));
+        }
+        Body::Decoded(b) => *b,
+    };
+    match body {
+        RequestKind::ApiVersions(_) => respond(ResponseKind::ApiVersions(silt_kafka::versions::api_versions(0))),
+        RequestKind::Metadata(r) => respond(ResponseKind::Metadata(metadata::metadata(kafka, r).await)),
+        RequestKind::Produce(r) => produce::produce(kafka, r).await,
+        RequestKind::Fetch(r) => respond(ResponseKind::Fetch(fetch::fetch(kafka, r, version).await)),
+        RequestKind::ListOffsets(r) => respond(ResponseKind::ListOffsets(offsets::list_offsets(kafka, r).await)),
+        RequestKind::CreateTopics(r) => respond(ResponseKind::CreateTopics(topics::create(kafka, r).await)),
+        RequestKind::DeleteTopics(r) => respond(ResponseKind::DeleteTopics(topics::delete(kafka, r).await)),
+        RequestKind::DescribeConfigs(r) => respond(ResponseKind::DescribeConfigs(topics::describe_configs(kafka, r))),
+        RequestKind::FindCoordinator(r) => {
+            respond(ResponseKind::FindCoordinator(metadata::find_coordinator(kafka, r, version)))
+        }
+        other => Outcome::Close(format!("{:?} is not served yet", std::mem::discriminant(&other))),
+    }
+}
+
+/// The Kafka error code for an engine error.
+pub fn storage_error(e: &silt_storage::Error) -> i16 {
+    match e.kind() {
+        ErrorKind::InvalidInput => ResponseError::InvalidRecord.code(),
+        ErrorKind::Corrupt => ResponseError::CorruptMessage.code(),
+        ErrorKind::Closed => match e {
+            // Another node owns the bucket prefix: this one is no leader of anything.
+            silt_storage::Error::Fenced => ResponseError::NotLeaderOrFollower.code(),
+            _ => ResponseError::KafkaStorageError.code(),
+        },
+        ErrorKind::Expired => ResponseError::OffsetOutOfRange.code(),
+        ErrorKind::Internal => ResponseError::KafkaStorageError.code(),
+        // A good copy exists but is out of reach for now (the store is down): try again.
+        ErrorKind::Retryable => ResponseError::RequestTimedOut.code(),
+    }
+}

@@ -1,0 +1,96 @@
+//! ListOffsets: the earliest offset (-2: the log start, moved by retention), the latest (-1:
+//! the high watermark), the one with the largest timestamp (-3), or the first at or after a
+//! time. Offsets are the partition queue's; a partition with nothing yet answers 0.
+
+use silt_dataset::Streams;
+use silt_kafka::kafka_protocol::ResponseError;
+use silt_kafka::kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use silt_kafka::kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
+use silt_storage::{QueueName, Storage};
+use silt_types::{Offset, Partition, Timestamp};
+
+use super::storage_error;
+use crate::node::Kafka;
+
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+
+pub async fn list_offsets(kafka: &Kafka, req: ListOffsetsRequest) -> ListOffsetsResponse {
+    let (storage, streams) = (kafka.storage().clone(), kafka.appender.streams().clone());
+    let answered = tokio::task::spawn_blocking(move || {
+        req.topics
+            .into_iter()
+            .map(|t| {
+                let parts = t
+                    .partitions
+                    .iter()
+                    .map(|p| one(&storage, &streams, t.name.as_str(), p.partition_index, p.timestamp))
+                    .collect();
+                ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(parts)
+            })
+            .collect()
+    })
+    .await;
+    match answered {
+        Ok(topics) => ListOffsetsResponse::default().with_topics(topics),
+        Err(e) => {
+            tracing::error!(error = %e, "list offsets task failed");
+            ListOffsetsResponse::default()
+        }
+    }
+}
+
+fn one(storage: &Storage, streams: &Streams, topic: &str, partition: i32, ts: i64) -> ListOffsetsPartitionResponse {
+    let mut r = ListOffsetsPartitionResponse::default().with_partition_index(partition);
+    let Some(meta) = streams.get(topic) else {
+        return r.with_error_code(ResponseError::UnknownTopicOrPartition.code());
+    };
+    if partition < 0 || partition as u32 >= meta.partitions {
+        return r.with_error_code(ResponseError::UnknownTopicOrPartition.code());
+    }
+    let name = QueueName::Partition { stream: topic.to_owned(), partition: Partition(partition as u32) };
+    let found = (|| {
+        let Some(id) = storage.queue_id(&name)? else {
+            // Nothing written yet: every bound is 0, and no record is late enough.
+            return Ok((if ts >= 0 { None } else { Some(0) }, -1));
+        };
+        let (start, end) = storage.queue_bounds(id)?;
+        Ok::<_, silt_storage::Error>(match ts {
+            LATEST => (Some(end.get()), -1),
+            EARLIEST => (Some(start.get()), -1),
+            MAX_TIMESTAMP => {
+                // The newest record's is the largest timestamp when they grow with offsets.
+                match end.get().checked_sub(1).filter(|last| *last >= start.get()) {
+                    Some(last) => {
+                        let ts =
+                            storage.read_index(id, Offset(last), 1)?.first().map_or(-1, |(_, e)| e.timestamp.get());
+                        (Some(last), ts)
+                    }
+                    None => (Some(end.get()), -1),
+                }
+            }
+            t if t >= 0 => match storage.offset_for_time(id, start, Timestamp(t))? {
+                Some(o) => {
+                    let ts = storage.read_index(id, o, 1)?.first().map_or(-1, |(_, e)| e.timestamp.get());
+                    (Some(o.get()), ts)
+                }
+                None => (None, -1),
+            },
+            _ => return Err(silt_storage::Error::Invalid(format!("timestamp {ts}"))),
+        })
+    })();
+    match found {
+        Ok((Some(offset), timestamp)) => {
+            r.offset = offset as i64;
+            r.timestamp = timestamp;
+            r
+        }
+        // No record that late: Kafka answers offset -1.
+        Ok((None, _)) => r,
+        Err(silt_storage::Error::Invalid(_)) => r.with_error_code(ResponseError::InvalidRequest.code()),
+        Err(e) => r.with_error_code(storage_error(&e)),
+    }
+}

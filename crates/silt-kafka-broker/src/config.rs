@@ -1,0 +1,73 @@
+//! The `[kafka]` settings.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Serve the Kafka protocol at all.
+    pub enabled: bool,
+    /// Address bound, exactly as given (`silt serve --kafka ADDR` overrides it).
+    pub listen: String,
+    /// `host:port` that Metadata names for this broker; default: the bound address.
+    pub advertised: Option<String>,
+    /// Largest request frame read (bytes), checked before the body is read. Kafka's
+    /// `socket.request.max.bytes`.
+    pub max_request_bytes: usize,
+    /// Largest record batch accepted as produced (bytes): larger ones get MESSAGE_TOO_LARGE.
+    /// Reported as `message.max.bytes` by DescribeConfigs.
+    pub max_message_bytes: usize,
+    /// Largest a produced batch may inflate to (bytes); a batch that would inflate beyond it
+    /// is refused as corrupt, so a small compressed batch cannot take the broker's memory.
+    pub max_inflated_bytes: usize,
+    /// Create a topic when a producer writes to it or a client asks for its metadata, as
+    /// Kafka's `auto.create.topics.enable` does.
+    pub auto_create_topics: bool,
+    /// Kafka connections open at once; more are closed at once.
+    pub max_connections: usize,
+    /// Longest a fetch may wait for data (ms), whatever the client asks.
+    pub max_fetch_wait_ms: u64,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: "127.0.0.1:9092".into(),
+            advertised: None,
+            max_request_bytes: 100 << 20,
+            max_message_bytes: 2 << 20,
+            max_inflated_bytes: 64 << 20,
+            auto_create_topics: true,
+            max_connections: 10_000,
+            max_fetch_wait_ms: 30_000,
+        }
+    }
+}
+
+impl KafkaConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |k: &str, why: &str| Err(format!("kafka.{k}: {why}"));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad("listen", "must be an address such as 127.0.0.1:9092");
+        }
+        if let Some(a) = &self.advertised
+            && a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return bad("advertised", "must be host:port");
+        }
+        if self.max_message_bytes < 1024 || self.max_message_bytes > self.max_request_bytes {
+            return bad("max_message_bytes", "must be at least 1024 and at most max_request_bytes");
+        }
+        if self.max_inflated_bytes < self.max_message_bytes {
+            return bad("max_inflated_bytes", "must be at least max_message_bytes");
+        }
+        if self.max_request_bytes > i32::MAX as usize {
+            return bad("max_request_bytes", "must fit a Kafka frame (2 GiB)");
+        }
+        if self.max_connections == 0 {
+            return bad("max_connections", "must be at least 1");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,29 @@
+//! Silt's Kafka view: stock Kafka producers, consumers and groups on the one dataset. The
+//! thin tokio driver of the sans-I/O core in `silt-kafka`: it owns the sockets and runs the
+//! requests against the log through the append path MQTT uses too (`silt-dataset`).
+//!
+//! Module map:
+//! - [`server`]: the listener; [`connection`]: one connection, requests in order.
+//! - `apis`: one module per API family (metadata and coordinator lookup, produce, fetch,
+//!   offsets, topics and configs), and the mapping of engine errors to Kafka error codes.
+//! - `records`: Kafka records ↔ log records (the routing rule both ways); `batch`: record
+//!   batches as fetched; `inflate`: bounded decompression of produced batches.
+//! - [`wake`]: fetch long polls woken by dispatch.
+//! - [`KafkaConfig`]: the `[kafka]` settings.
+//!
+//! Guarantees: a produce with acks ≥ 1 is answered only once its records are durable under
+//! the topic's policy, with the offset the first one got; offsets are the partition's consume
+//! queue's, dense, the same whichever protocol wrote the records.
+
+mod apis;
+mod batch;
+mod config;
+pub mod connection;
+mod inflate;
+mod node;
+mod records;
+pub mod server;
+pub mod wake;
+
+pub use config::KafkaConfig;
+pub use node::{Kafka, NODE_ID};

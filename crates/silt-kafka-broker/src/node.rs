@@ -1,0 +1,71 @@
+//! What every Kafka connection shares: settings, the append path into the one log, the fetch
+//! wakers, and who this broker says it is (one node, id 0, leader of every partition).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use silt_dataset::{Appender, StreamMeta, rule};
+use silt_kafka::kafka_protocol::ResponseError;
+use silt_storage::Storage;
+
+use crate::config::KafkaConfig;
+use crate::wake::Wakers;
+
+/// This broker's node id in Metadata: the only one, leader of every partition.
+pub const NODE_ID: i32 = 0;
+
+pub struct Kafka {
+    pub config: Arc<KafkaConfig>,
+    pub appender: Arc<Appender>,
+    pub wakers: Arc<Wakers>,
+    pub cluster_id: String,
+    advertised: OnceLock<(String, u16)>,
+}
+
+impl Kafka {
+    pub fn new(config: KafkaConfig, appender: Arc<Appender>, wakers: Arc<Wakers>, cluster_id: String) -> Arc<Kafka> {
+        Arc::new(Kafka { config: Arc::new(config), appender, wakers, cluster_id, advertised: OnceLock::new() })
+    }
+
+    pub fn storage(&self) -> &Arc<Storage> {
+        self.appender.storage()
+    }
+
+    /// Sets the address Metadata names, from `kafka.advertised` or else the bound address.
+    pub fn bound(&self, addr: SocketAddr) {
+        let advertised = match &self.config.advertised {
+            Some(a) => {
+                let (h, p) = a.rsplit_once(':').expect("invariant: validated host:port");
+                (h.to_owned(), p.parse().expect("invariant: validated port"))
+            }
+            None => (addr.ip().to_string(), addr.port()),
+        };
+        let _ = self.advertised.set(advertised);
+    }
+
+    /// The `host:port` clients are told to connect to.
+    pub fn advertised(&self) -> (String, u16) {
+        self.advertised.get().cloned().unwrap_or_else(|| ("127.0.0.1".into(), 9092))
+    }
+
+    /// The stream behind a Kafka topic a client names, created when `create` and the topic
+    /// is new and `kafka.auto_create_topics` allows it. Errors are Kafka error codes.
+    pub async fn topic(&self, name: &str, create: bool) -> Result<StreamMeta, i16> {
+        if rule::kafka_topic_error(name).is_some() {
+            return Err(ResponseError::InvalidTopicException.code());
+        }
+        if let Some(meta) = self.appender.streams().get(name) {
+            return Ok(meta);
+        }
+        if !(create && self.config.auto_create_topics) {
+            return Err(ResponseError::UnknownTopicOrPartition.code());
+        }
+        match self.appender.create_stream(name, None).await {
+            Ok(Ok(meta) | Err(meta)) => {
+                tracing::info!(topic = %name, partitions = meta.partitions, "topic auto-created");
+                Ok(meta)
+            }
+            Err(e) => Err(crate::apis::storage_error(&e)),
+        }
+    }
+}
