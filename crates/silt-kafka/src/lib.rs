@@ -6,10 +6,13 @@
 //! - [`codec`]: frames (length-prefixed, size checked first), request decoding with Kafka's
 //!   version rules, response encoding (header versions, ApiVersions' v0 header).
 //! - [`versions`]: the APIs and versions served, and the ApiVersions response.
+//! - [`group`]: the consumer-group coordinator (classic protocol): rebalances, sessions,
+//!   committed offsets and what to persist of them.
 //!
 //! Messages are `kafka-protocol`'s, generated from Kafka's own schemas.
 
 pub mod codec;
+pub mod group;
 pub mod versions;
 
 pub use kafka_protocol;
