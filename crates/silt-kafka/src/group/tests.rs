@@ -25,6 +25,7 @@ mod bounds;
 mod conversation;
 mod errors;
 mod offsets;
+mod random;
 mod static_members;
 
 pub const GROUP: &str = "g";
