@@ -27,6 +27,18 @@ pub struct KafkaConfig {
     pub max_connections: usize,
     /// Longest a fetch may wait for data (ms), whatever the client asks.
     pub max_fetch_wait_ms: u64,
+    /// How long a new group waits for more members before its first generation (ms); each
+    /// joining member extends it (Kafka's `group.initial.rebalance.delay.ms`).
+    pub group_initial_rebalance_delay_ms: u64,
+    /// Session timeouts a consumer may ask for (ms): shorter or longer ones are refused with
+    /// INVALID_SESSION_TIMEOUT (`group.min.session.timeout.ms`, `group.max.session.timeout.ms`).
+    pub group_min_session_timeout_ms: u64,
+    pub group_max_session_timeout_ms: u64,
+    /// Members per group; one more gets GROUP_MAX_SIZE_REACHED (`group.max.size`).
+    pub group_max_size: usize,
+    /// How long committed offsets outlive their group's last member (minutes;
+    /// `offsets.retention.minutes`).
+    pub offsets_retention_minutes: u64,
 }
 
 impl Default for KafkaConfig {
@@ -41,6 +53,11 @@ impl Default for KafkaConfig {
             auto_create_topics: true,
             max_connections: 10_000,
             max_fetch_wait_ms: 30_000,
+            group_initial_rebalance_delay_ms: 3000,
+            group_min_session_timeout_ms: 6000,
+            group_max_session_timeout_ms: 1_800_000,
+            group_max_size: 10_000,
+            offsets_retention_minutes: 10_080,
         }
     }
 }
@@ -68,6 +85,22 @@ impl KafkaConfig {
         if self.max_connections == 0 {
             return bad("max_connections", "must be at least 1");
         }
+        if let Err(e) = self.group_settings().validate() {
+            return Err(format!("kafka.group_*: {e}"));
+        }
         Ok(())
+    }
+
+    /// The group coordinator's settings.
+    pub fn group_settings(&self) -> silt_kafka::group::Settings {
+        use std::time::Duration;
+        silt_kafka::group::Settings {
+            initial_rebalance_delay: Duration::from_millis(self.group_initial_rebalance_delay_ms),
+            min_session_timeout: Duration::from_millis(self.group_min_session_timeout_ms),
+            max_session_timeout: Duration::from_millis(self.group_max_session_timeout_ms),
+            max_group_size: self.group_max_size,
+            offsets_retention: Duration::from_secs(self.offsets_retention_minutes.saturating_mul(60)),
+            ..silt_kafka::group::Settings::default()
+        }
     }
 }

@@ -16,7 +16,7 @@ use silt_kafka::codec::{decode_request, encode_response, take_frame};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::apis::{self, Outcome};
+use crate::apis::{self, Ctx, Outcome};
 use crate::node::Kafka;
 
 static CLOSED: LogLimit = LogLimit::new(log_limit::EVERY);
@@ -46,9 +46,9 @@ where
                 Err(e) => return closing(peer, "", &e),
             };
             let (key, version, correlation) = (req.key, req.version, req.correlation_id());
-            let client = req.client_id().to_owned();
+            let ctx = Ctx { peer, client_id: req.client_id().to_owned() };
             let outcome = tokio::select! {
-                o = apis::handle(&kafka, req) => o,
+                o = apis::handle(&kafka, &ctx, req) => o,
                 _ = shutdown.changed() => return,
             };
             match outcome {
@@ -65,7 +65,7 @@ where
                     }
                 }
                 Outcome::Silent => {}
-                Outcome::Close(why) => return closing(peer, &client, &why),
+                Outcome::Close(why) => return closing(peer, &ctx.client_id, &why),
             }
         }
         // Give a burst's buffer back once it is drained: an idle connection costs little.

@@ -8,6 +8,7 @@
 //!   offsets, topics and configs), and the mapping of engine errors to Kafka error codes.
 //! - `records`: Kafka records ↔ log records (the routing rule both ways); `batch`: record
 //!   batches as fetched; `inflate`: bounded decompression of produced batches.
+//! - `groups`: the group coordinator's driver (clock, parked requests, durable offsets).
 //! - [`wake`]: fetch long polls woken by dispatch.
 //! - [`KafkaConfig`]: the `[kafka]` settings.
 //!
@@ -19,6 +20,7 @@ mod apis;
 mod batch;
 mod config;
 pub mod connection;
+mod groups;
 mod inflate;
 mod node;
 mod records;

@@ -9,6 +9,7 @@ use silt_kafka::kafka_protocol::ResponseError;
 use silt_storage::Storage;
 
 use crate::config::KafkaConfig;
+use crate::groups::Groups;
 use crate::wake::Wakers;
 
 /// This broker's node id in Metadata: the only one, leader of every partition.
@@ -18,13 +19,35 @@ pub struct Kafka {
     pub config: Arc<KafkaConfig>,
     pub appender: Arc<Appender>,
     pub wakers: Arc<Wakers>,
+    pub groups: Arc<Groups>,
     pub cluster_id: String,
     advertised: OnceLock<(String, u16)>,
 }
 
 impl Kafka {
-    pub fn new(config: KafkaConfig, appender: Arc<Appender>, wakers: Arc<Wakers>, cluster_id: String) -> Arc<Kafka> {
-        Arc::new(Kafka { config: Arc::new(config), appender, wakers, cluster_id, advertised: OnceLock::new() })
+    /// Recovers the Kafka view's state from the log (blocking: call it before a runtime
+    /// serves clients). `start` it on the runtime.
+    pub fn open(
+        config: KafkaConfig,
+        appender: Arc<Appender>,
+        wakers: Arc<Wakers>,
+        cluster_id: String,
+    ) -> silt_storage::Result<Arc<Kafka>> {
+        let groups = Groups::open(appender.storage(), config.group_settings())?;
+        Ok(Arc::new(Kafka {
+            config: Arc::new(config),
+            appender,
+            wakers,
+            groups,
+            cluster_id,
+            advertised: OnceLock::new(),
+        }))
+    }
+
+    /// Starts the background work (the group coordinator's clock and persister) on the
+    /// current runtime.
+    pub fn start(&self) {
+        self.groups.start(self.storage().clone());
     }
 
     pub fn storage(&self) -> &Arc<Storage> {

@@ -171,7 +171,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mqtt_addr = listeners[0].local_addr()?;
     let kafka = if cfg.kafka.enabled {
         let cluster_id = cluster_id(&tiering.describe());
-        let node = silt_kafka_broker::Kafka::new(cfg.kafka.clone(), appender, wakers, cluster_id);
+        let node = silt_kafka_broker::Kafka::open(cfg.kafka.clone(), appender, wakers, cluster_id)
+            .map_err(|e| anyhow::anyhow!("cannot recover the Kafka state: {e}"))?;
+        rt.block_on(async { node.start() });
         let listener = rt
             .block_on(silt_kafka_broker::server::bind(&node))
             .map_err(|e| anyhow::anyhow!("kafka.listen {}: {e}", cfg.kafka.listen))?;

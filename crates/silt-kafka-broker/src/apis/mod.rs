@@ -2,6 +2,7 @@
 //! engine's errors to Kafka error codes.
 
 mod fetch;
+mod groups;
 mod metadata;
 mod offsets;
 mod produce;
@@ -28,8 +29,14 @@ fn respond(body: ResponseKind) -> Outcome {
     Outcome::Respond(Box::new(body))
 }
 
+/// Who sent a request.
+pub struct Ctx {
+    pub peer: std::net::SocketAddr,
+    pub client_id: String,
+}
+
 /// Serves one request.
-pub async fn handle(kafka: &Kafka, req: Request) -> Outcome {
+pub async fn handle(kafka: &Kafka, ctx: &Ctx, req: Request) -> Outcome {
     let version = req.version;
     let body = match req.body {
         Body::UnsupportedApiVersions => {
@@ -51,7 +58,16 @@ pub async fn handle(kafka: &Kafka, req: Request) -> Outcome {
         RequestKind::FindCoordinator(r) => {
             respond(ResponseKind::FindCoordinator(metadata::find_coordinator(kafka, r, version)))
         }
-        other => Outcome::Close(format!("{:?} is not served yet", std::mem::discriminant(&other))),
+        body @ (RequestKind::JoinGroup(_)
+        | RequestKind::SyncGroup(_)
+        | RequestKind::Heartbeat(_)
+        | RequestKind::LeaveGroup(_)
+        | RequestKind::OffsetCommit(_)
+        | RequestKind::OffsetFetch(_)
+        | RequestKind::DescribeGroups(_)
+        | RequestKind::ListGroups(_)
+        | RequestKind::DeleteGroups(_)) => groups::handle(kafka, ctx, version, body).await,
+        other => Outcome::Close(format!("{:?} is not served", std::mem::discriminant(&other))),
     }
 }
 

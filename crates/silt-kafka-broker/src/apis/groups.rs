@@ -1,0 +1,49 @@
+//! The group APIs, answered by the coordinator (`crate::groups`): JoinGroup, SyncGroup,
+//! OffsetCommit and DeleteGroups wait for it; Heartbeat, LeaveGroup, OffsetFetch,
+//! DescribeGroups and ListGroups are answered at once. An OffsetCommit for a topic-partition
+//! that does not exist is refused for that partition (UNKNOWN_TOPIC_OR_PARTITION), as Kafka
+//! checks before the coordinator.
+
+use silt_kafka::group::Client;
+use silt_kafka::kafka_protocol::ResponseError;
+use silt_kafka::kafka_protocol::messages::RequestKind;
+
+use super::{Ctx, Outcome, respond};
+use crate::node::Kafka;
+
+pub async fn handle(kafka: &Kafka, ctx: &Ctx, version: i16, body: RequestKind) -> Outcome {
+    let groups = &kafka.groups;
+    let host = format!("/{}", ctx.peer.ip());
+    let client = Client { client_id: &ctx.client_id, client_host: &host };
+    let parked = match body {
+        RequestKind::JoinGroup(r) => groups.parked(|c, now, t| c.handle_join_group(now, t, version, client, &r)).await,
+        RequestKind::SyncGroup(r) => groups.parked(|c, now, t| c.handle_sync_group(now, t, version, &r)).await,
+        RequestKind::OffsetCommit(r) => {
+            let streams = kafka.appender.streams().clone();
+            let check = move |topic: &str, partition: i32| match streams.get(topic) {
+                Some(m) if partition >= 0 && (partition as u32) < m.partitions => None,
+                _ => Some(ResponseError::UnknownTopicOrPartition),
+            };
+            groups.parked(|c, now, t| c.handle_offset_commit(now, t, version, &r, check)).await
+        }
+        RequestKind::DeleteGroups(r) => groups.parked(|c, now, t| c.handle_delete_groups(now, t, version, &r)).await,
+        RequestKind::Heartbeat(r) => {
+            return respond(groups.now(|c, now| c.handle_heartbeat(now, version, &r)).into());
+        }
+        RequestKind::LeaveGroup(r) => {
+            return respond(groups.now(|c, now| c.handle_leave_group(now, version, &r)).into());
+        }
+        RequestKind::OffsetFetch(r) => return respond(groups.now(|c, _| c.handle_offset_fetch(version, &r)).into()),
+        RequestKind::DescribeGroups(r) => {
+            return respond(groups.now(|c, _| c.handle_describe_groups(version, &r)).into());
+        }
+        RequestKind::ListGroups(r) => return respond(groups.now(|c, _| c.handle_list_groups(version, &r)).into()),
+        other => return Outcome::Close(format!("not a group request: {:?}", std::mem::discriminant(&other))),
+    };
+    match parked {
+        Some(response) => Outcome::Respond(response),
+        // Superseded by the same member's next request (Kafka leaves it unanswered too; the
+        // client has moved on).
+        None => Outcome::Silent,
+    }
+}
