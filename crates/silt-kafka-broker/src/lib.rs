@@ -9,6 +9,8 @@
 //! - `records`: Kafka records ↔ log records (the routing rule both ways); `batch`: record
 //!   batches as fetched; `inflate`: bounded decompression of produced batches.
 //! - `groups`: the group coordinator's driver (clock, parked requests, durable offsets).
+//! - `txns`: producer ids, idempotence and transactions (markers, aborted ranges, the last
+//!   stable offset).
 //! - [`wake`]: fetch long polls woken by dispatch.
 //! - [`KafkaConfig`]: the `[kafka]` settings.
 //!
@@ -25,6 +27,7 @@ mod inflate;
 mod node;
 mod records;
 pub mod server;
+mod txns;
 pub mod wake;
 
 pub use config::KafkaConfig;

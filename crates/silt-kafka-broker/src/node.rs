@@ -10,6 +10,7 @@ use silt_storage::Storage;
 
 use crate::config::KafkaConfig;
 use crate::groups::Groups;
+use crate::txns::Transactions;
 use crate::wake::Wakers;
 
 /// This broker's node id in Metadata: the only one, leader of every partition.
@@ -20,6 +21,7 @@ pub struct Kafka {
     pub appender: Arc<Appender>,
     pub wakers: Arc<Wakers>,
     pub groups: Arc<Groups>,
+    pub txns: Arc<Transactions>,
     pub cluster_id: String,
     advertised: OnceLock<(String, u16)>,
 }
@@ -34,20 +36,48 @@ impl Kafka {
         cluster_id: String,
     ) -> silt_storage::Result<Arc<Kafka>> {
         let groups = Groups::open(appender.storage(), config.group_settings())?;
+        let txns = Transactions::open(appender.storage())?;
         Ok(Arc::new(Kafka {
             config: Arc::new(config),
             appender,
             wakers,
             groups,
+            txns,
             cluster_id,
             advertised: OnceLock::new(),
         }))
     }
 
-    /// Starts the background work (the group coordinator's clock and persister) on the
-    /// current runtime.
-    pub fn start(&self) {
+    /// Starts the background work on the current runtime (the group coordinator's clock and
+    /// persister, the transaction persister and timeouts), after finishing the transactions a
+    /// restart left open: they are aborted (or a decided commit completed) before anyone is
+    /// served.
+    pub async fn start(self: &Arc<Self>) {
         self.groups.start(self.storage().clone());
+        self.txns.start(self.storage().clone());
+        for e in self.txns.unfinished() {
+            let what = if e.commit { "completed" } else { "aborted" };
+            match self.txns.finish(self, &e).await {
+                Ok(()) => tracing::info!(transactional_id = %e.id, "a transaction left open by the restart was {what}"),
+                Err(code) => {
+                    tracing::warn!(transactional_id = %e.id, code, "a transaction left open could not be ended")
+                }
+            }
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(k) = weak.upgrade() else { return };
+                for e in k.txns.expired().await {
+                    tracing::info!(transactional_id = %e.id, "a transaction passed its timeout and was aborted");
+                    if let Err(code) = k.txns.finish(&k, &e).await {
+                        tracing::warn!(transactional_id = %e.id, code, "a timed-out transaction could not be ended");
+                    }
+                }
+            }
+        });
     }
 
     pub fn storage(&self) -> &Arc<Storage> {

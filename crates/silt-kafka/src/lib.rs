@@ -6,6 +6,8 @@
 //! - [`codec`]: frames (length-prefixed, size checked first), request decoding with Kafka's
 //!   version rules, response encoding (header versions, ApiVersions' v0 header).
 //! - [`versions`]: the APIs and versions served, and the ApiVersions response.
+//! - [`producer`]: idempotent producers' sequence checks (retries written once).
+//! - [`txn`]: producer ids and the transaction coordinator.
 //! - [`group`]: the consumer-group coordinator (classic protocol): rebalances, sessions,
 //!   committed offsets and what to persist of them.
 //!
@@ -13,6 +15,8 @@
 
 pub mod codec;
 pub mod group;
+pub mod producer;
+pub mod txn;
 pub mod versions;
 
 pub use kafka_protocol;

@@ -173,7 +173,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let cluster_id = cluster_id(&tiering.describe());
         let node = silt_kafka_broker::Kafka::open(cfg.kafka.clone(), appender, wakers, cluster_id)
             .map_err(|e| anyhow::anyhow!("cannot recover the Kafka state: {e}"))?;
-        rt.block_on(async { node.start() });
+        rt.block_on(node.start());
         let listener = rt
             .block_on(silt_kafka_broker::server::bind(&node))
             .map_err(|e| anyhow::anyhow!("kafka.listen {}: {e}", cfg.kafka.listen))?;

@@ -19,8 +19,8 @@ use bytes::{Bytes, BytesMut};
 use silt_dataset::Streams;
 use silt_kafka::kafka_protocol::ResponseError;
 use silt_kafka::kafka_protocol::messages::fetch_request::FetchPartition;
-use silt_kafka::kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use silt_kafka::kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
+use silt_kafka::kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use silt_kafka::kafka_protocol::messages::{FetchRequest, FetchResponse, ProducerId, TopicName};
 use silt_storage::{ErrorKind, QueueName, Storage};
 use silt_types::{Offset, Partition, QueueId};
 use tokio::time::Instant;
@@ -29,6 +29,7 @@ use super::storage_error;
 use crate::batch::{self, BatchMeta, OutRecord};
 use crate::node::Kafka;
 use crate::records;
+use crate::txns::Transactions;
 
 /// Index entries read per step.
 const STEP: usize = 256;
@@ -40,10 +41,12 @@ pub async fn fetch(kafka: &Kafka, req: FetchRequest, _version: i16) -> FetchResp
     let max_bytes = usize::try_from(req.max_bytes).unwrap_or(usize::MAX).max(1);
     let wanted: Arc<Vec<(TopicName, Vec<FetchPartition>)>> =
         Arc::new(req.topics.into_iter().map(|t| (t.topic, t.partitions)).collect());
+    let committed = (req.isolation_level == 1).then(|| kafka.txns.clone());
     loop {
         let before = kafka.storage().dispatched();
         let (storage, streams, w) = (kafka.storage().clone(), kafka.appender.streams().clone(), wanted.clone());
-        let read = tokio::task::spawn_blocking(move || read_all(&storage, &streams, &w, max_bytes)).await;
+        let c = committed.clone();
+        let read = tokio::task::spawn_blocking(move || read_all(&storage, &streams, &w, max_bytes, c.as_deref())).await;
         let (topics, bytes, queues, missing) = match read {
             Ok(r) => r,
             Err(e) => {
@@ -106,6 +109,7 @@ fn read_all(
     streams: &Streams,
     wanted: &[(TopicName, Vec<FetchPartition>)],
     max_bytes: usize,
+    committed: Option<&Transactions>,
 ) -> (Vec<FetchableTopicResponse>, usize, Vec<QueueId>, bool) {
     let mut total = 0usize;
     let mut queues = Vec::new();
@@ -116,7 +120,7 @@ fn read_all(
         for p in parts {
             let budget = usize::try_from(p.partition_max_bytes).unwrap_or(0).min(max_bytes.saturating_sub(total));
             // The first data of the response may exceed every limit (one record at least).
-            let (data, n, queue) = read_partition(storage, streams, name.as_str(), p, budget, total == 0);
+            let (data, n, queue) = read_partition(storage, streams, name.as_str(), p, budget, total == 0, committed);
             total += n;
             match queue {
                 Some(q) => queues.push(q),
@@ -136,6 +140,7 @@ fn read_partition(
     p: &FetchPartition,
     budget: usize,
     first: bool,
+    committed: Option<&Transactions>,
 ) -> (PartitionData, usize, Option<QueueId>) {
     let mut data = PartitionData::default().with_partition_index(p.partition);
     let fail = |mut d: PartitionData, code: i16| {
@@ -166,14 +171,31 @@ fn read_partition(
         Ok(b) => b,
         Err(e) => return fail(data, storage_error(&e)),
     };
+    // Read committed: nothing at or past the oldest open transaction, and the aborted
+    // transactions in range listed for the consumer to skip.
+    let (lso, aborted) = match committed {
+        Some(t) => t.read_committed(topic, p.partition, p.fetch_offset, end.get() as i64),
+        None => (end.get() as i64, Vec::new()),
+    };
     data = data
         .with_high_watermark(end.get() as i64)
-        .with_last_stable_offset(end.get() as i64)
+        .with_last_stable_offset(lso)
         .with_log_start_offset(start.get() as i64);
+    if committed.is_some() {
+        data.aborted_transactions = Some(
+            aborted
+                .iter()
+                .map(|a| {
+                    AbortedTransaction::default().with_producer_id(ProducerId(a.producer_id)).with_first_offset(a.first)
+                })
+                .collect(),
+        );
+    }
     if p.fetch_offset < start.get() as i64 || p.fetch_offset > end.get() as i64 {
         data.error_code = ResponseError::OffsetOutOfRange.code();
         return (data, 0, Some(id));
     }
+    let end = Offset(lso.max(0) as u64);
     let mut out = BytesMut::new();
     let mut group: Vec<OutRecord> = Vec::new();
     let mut group_meta = BatchMeta::default();

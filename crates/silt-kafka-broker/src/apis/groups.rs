@@ -47,3 +47,53 @@ pub async fn handle(kafka: &Kafka, ctx: &Ctx, version: i16, body: RequestKind) -
         None => Outcome::Silent,
     }
 }
+
+/// Applies a committed transaction's staged offsets to their groups (durably), one
+/// OffsetCommit-like batch per group.
+pub async fn apply_transaction_offsets(
+    kafka: &Kafka,
+    offsets: &[(String, silt_kafka::txn::StagedOffset)],
+) -> Result<(), i16> {
+    use silt_kafka::kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use silt_kafka::kafka_protocol::messages::{GroupId, OffsetCommitRequest, ResponseKind, TopicName};
+    use silt_kafka::kafka_protocol::protocol::StrBytes;
+    let mut by_group: std::collections::BTreeMap<&str, Vec<&silt_kafka::txn::StagedOffset>> = Default::default();
+    for (g, o) in offsets {
+        by_group.entry(g.as_str()).or_default().push(o);
+    }
+    for (group, os) in by_group {
+        let mut topics: Vec<OffsetCommitRequestTopic> = Vec::new();
+        for o in os {
+            let p = OffsetCommitRequestPartition::default()
+                .with_partition_index(o.partition)
+                .with_committed_offset(o.offset)
+                .with_committed_leader_epoch(o.leader_epoch)
+                .with_committed_metadata(Some(StrBytes::from_string(o.metadata.clone())));
+            match topics.iter_mut().find(|t| t.name.as_str() == o.topic) {
+                Some(t) => t.partitions.push(p),
+                None => topics.push(
+                    OffsetCommitRequestTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(o.topic.clone())))
+                        .with_partitions(vec![p]),
+                ),
+            }
+        }
+        let r = OffsetCommitRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+            .with_generation_id_or_member_epoch(-1)
+            .with_topics(topics);
+        let answer = kafka.groups.parked(|c, now, t| c.handle_transaction_offsets(now, t, &r)).await;
+        let failed = match answer.as_deref() {
+            Some(ResponseKind::OffsetCommit(resp)) => {
+                resp.topics.iter().flat_map(|t| &t.partitions).find(|p| p.error_code != 0).map(|p| p.error_code)
+            }
+            _ => Some(ResponseError::CoordinatorNotAvailable.code()),
+        };
+        if let Some(code) = failed {
+            return Err(code);
+        }
+    }
+    Ok(())
+}

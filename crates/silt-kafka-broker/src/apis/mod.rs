@@ -7,6 +7,7 @@ mod metadata;
 mod offsets;
 mod produce;
 mod topics;
+mod txn;
 
 use silt_kafka::codec::{Body, Request};
 use silt_kafka::kafka_protocol::ResponseError;
@@ -67,6 +68,17 @@ pub async fn handle(kafka: &Kafka, ctx: &Ctx, req: Request) -> Outcome {
         | RequestKind::DescribeGroups(_)
         | RequestKind::ListGroups(_)
         | RequestKind::DeleteGroups(_)) => groups::handle(kafka, ctx, version, body).await,
+        RequestKind::InitProducerId(r) => {
+            respond(ResponseKind::InitProducerId(txn::init_producer_id(kafka, r, version).await))
+        }
+        RequestKind::AddPartitionsToTxn(r) => {
+            respond(ResponseKind::AddPartitionsToTxn(txn::add_partitions(kafka, r, version).await))
+        }
+        RequestKind::AddOffsetsToTxn(r) => respond(ResponseKind::AddOffsetsToTxn(txn::add_offsets(kafka, r).await)),
+        RequestKind::TxnOffsetCommit(r) => {
+            respond(ResponseKind::TxnOffsetCommit(txn::txn_offset_commit(kafka, r).await))
+        }
+        RequestKind::EndTxn(r) => respond(ResponseKind::EndTxn(txn::end_txn(kafka, r).await)),
         other => Outcome::Close(format!("{:?} is not served", std::mem::discriminant(&other))),
     }
 }
@@ -86,4 +98,52 @@ pub fn storage_error(e: &silt_storage::Error) -> i16 {
         // A good copy exists but is out of reach for now (the store is down): try again.
         ErrorKind::Retryable => ResponseError::RequestTimedOut.code(),
     }
+}
+
+/// The offset the record at `position` got in a partition, once indexed.
+pub async fn offset_of(
+    kafka: &Kafka,
+    topic: &str,
+    partition: u32,
+    position: silt_types::LogPosition,
+) -> Result<i64, i16> {
+    let storage = kafka.storage().clone();
+    storage.wait_dispatched(position.add(1)).await.map_err(|e| storage_error(&e))?;
+    let name =
+        silt_storage::QueueName::Partition { stream: topic.to_owned(), partition: silt_types::Partition(partition) };
+    let found = tokio::task::spawn_blocking(move || {
+        let id = storage.queue_id(&name)?.ok_or(silt_storage::Error::NotFound(position.get()))?;
+        storage.offset_of(id, position)
+    })
+    .await;
+    match found {
+        Ok(Ok(Some(o))) => Ok(o.get() as i64),
+        Ok(Ok(None)) => Err(ResponseError::KafkaStorageError.code()),
+        Ok(Err(e)) => Err(storage_error(&e)),
+        Err(_) => Err(ResponseError::UnknownServerError.code()),
+    }
+}
+
+/// A partition's log start offset (0 before its first record; -1 if unknown).
+pub async fn log_start(kafka: &Kafka, topic: &str, partition: u32) -> i64 {
+    let storage = kafka.storage().clone();
+    let name =
+        silt_storage::QueueName::Partition { stream: topic.to_owned(), partition: silt_types::Partition(partition) };
+    let found = tokio::task::spawn_blocking(move || match storage.queue_id(&name)? {
+        Some(id) => storage.queue_bounds(id).map(|(s, _)| s.get() as i64),
+        None => Ok(0),
+    })
+    .await;
+    match found {
+        Ok(Ok(start)) => start,
+        _ => -1,
+    }
+}
+
+/// Applies a committed transaction's staged offsets to their groups (durably).
+pub async fn apply_transaction_offsets(
+    kafka: &Kafka,
+    offsets: &[(String, silt_kafka::txn::StagedOffset)],
+) -> Result<(), i16> {
+    groups::apply_transaction_offsets(kafka, offsets).await
 }

@@ -6,20 +6,24 @@
 //! policy (on one node there is no replica to wait for, so "all" is the policy's durability:
 //! `ack = "object"` means the bucket holds it). A batch not acknowledged within the request's
 //! `timeout_ms` is answered REQUEST_TIMED_OUT (it may still be written, as in Kafka).
+//!
+//! Idempotent producers' batches are checked first (`crate::txns`): a retry is answered with
+//! the offset of the batch it repeats and not written again; a gap is
+//! OUT_OF_ORDER_SEQUENCE_NUMBER. A transactional batch needs its partition added to the
+//! producer's open transaction; its records are the Kafka view's only (no MQTT topic).
 
 use std::time::Duration;
 
-use silt_dataset::Assign;
+use silt_dataset::{AckFuture, Assign, attrs};
 use silt_kafka::kafka_protocol::ResponseError;
 use silt_kafka::kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use silt_kafka::kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use silt_kafka::kafka_protocol::messages::{ProduceRequest, ProduceResponse, ResponseKind, TopicName};
 use silt_kafka::kafka_protocol::protocol::StrBytes;
-use silt_storage::QueueName;
-use silt_types::Partition;
+use silt_kafka::producer::{At, Check};
 
-use super::{Outcome, storage_error};
+use super::{Outcome, offset_of, respond, storage_error};
 use crate::node::Kafka;
-use crate::records::{self, ProduceError};
+use crate::records::{self, ProduceError, ProducedBatch};
 
 fn refused(index: i32, code: i16, message: Option<String>) -> PartitionProduceResponse {
     PartitionProduceResponse::default()
@@ -29,9 +33,14 @@ fn refused(index: i32, code: i16, message: Option<String>) -> PartitionProduceRe
         .with_error_message(message.map(StrBytes::from_string))
 }
 
+/// A partition's batch on its way: appended, or answered already.
+enum Slot {
+    Answered(PartitionProduceResponse),
+    Appended { ack: AckFuture, batches: Vec<ProducedBatch> },
+}
+
 pub async fn produce(kafka: &Kafka, req: ProduceRequest) -> Outcome {
     if !(-1..=1).contains(&req.acks) {
-        // Every partition of the request refused alike.
         let code = ResponseError::InvalidRequiredAcks.code();
         let responses = req
             .topic_data
@@ -41,43 +50,24 @@ pub async fn produce(kafka: &Kafka, req: ProduceRequest) -> Outcome {
                 TopicProduceResponse::default().with_name(t.name).with_partition_responses(parts)
             })
             .collect();
-        return Outcome::Respond(Box::new(silt_kafka::kafka_protocol::messages::ResponseKind::Produce(
-            ProduceResponse::default().with_responses(responses),
-        )));
+        return respond(ResponseKind::Produce(ProduceResponse::default().with_responses(responses)));
     }
     let acked = req.acks != 0;
     let timeout = Duration::from_millis(u64::try_from(req.timeout_ms).unwrap_or(0).clamp(1, 300_000));
-    let cfg = &kafka.config;
+    let txn_id = req.transactional_id.as_ref().map(|t| t.0.as_str().to_owned());
     // Submit every partition's batch first (in order), then wait for them together.
-    let mut pending = Vec::new();
+    let mut pending: Vec<(TopicName, i32, Slot)> = Vec::new();
     for t in req.topic_data {
-        let meta = kafka.topic(&t.name, true).await;
+        let meta = kafka.topic(t.name.as_str(), true).await;
         for p in t.partition_data {
             let slot = match &meta {
-                Err(code) => Err(refused(p.index, *code, None)),
+                Err(code) => Slot::Answered(refused(p.index, *code, None)),
                 Ok(m) if p.index < 0 || p.index as u32 >= m.partitions => {
-                    Err(refused(p.index, ResponseError::UnknownTopicOrPartition.code(), None))
+                    Slot::Answered(refused(p.index, ResponseError::UnknownTopicOrPartition.code(), None))
                 }
                 Ok(_) => {
                     let raw = p.records.clone().unwrap_or_default();
-                    match records::decode(&t.name, p.index as u32, &raw, cfg.max_message_bytes, cfg.max_inflated_bytes)
-                    {
-                        Err(e) => {
-                            let code = match e {
-                                ProduceError::TooLarge { .. } => ResponseError::MessageTooLarge.code(),
-                                ProduceError::Corrupt(_) => ResponseError::CorruptMessage.code(),
-                                ProduceError::Control => ResponseError::InvalidRecord.code(),
-                            };
-                            Err(refused(p.index, code, Some(e.to_string())))
-                        }
-                        Ok(produced) if produced.records.is_empty() => {
-                            Err(refused(p.index, ResponseError::InvalidRecord.code(), Some("no records".into())))
-                        }
-                        Ok(produced) => match kafka.appender.submit(produced.records, Assign::Given, acked).await {
-                            Ok(ack) => Ok(ack),
-                            Err(e) => Err(refused(p.index, storage_error(&e), Some(e.to_string()))),
-                        },
-                    }
+                    partition(kafka, t.name.as_str(), p.index, &raw, txn_id.as_deref(), acked).await
                 }
             };
             pending.push((t.name.clone(), p.index, slot));
@@ -86,7 +76,7 @@ pub async fn produce(kafka: &Kafka, req: ProduceRequest) -> Outcome {
     if !acked {
         // Nobody waits; the appends still happen, in order.
         for (_, _, slot) in pending {
-            if let Ok(ack) = slot {
+            if let Slot::Appended { ack, .. } = slot {
                 tokio::spawn(async move {
                     let _ = ack.await;
                 });
@@ -97,11 +87,11 @@ pub async fn produce(kafka: &Kafka, req: ProduceRequest) -> Outcome {
     let mut topics: Vec<TopicProduceResponse> = Vec::new();
     for (name, index, slot) in pending {
         let part = match slot {
-            Err(r) => r,
-            Ok(ack) => match tokio::time::timeout(timeout, ack).await {
+            Slot::Answered(r) => r,
+            Slot::Appended { ack, batches } => match tokio::time::timeout(timeout, ack).await {
                 Err(_) => refused(index, ResponseError::RequestTimedOut.code(), None),
                 Ok(Err(e)) => refused(index, storage_error(&e), Some(e.to_string())),
-                Ok(Ok(appended)) => answered(kafka, &name, index, appended).await,
+                Ok(Ok(appended)) => answered(kafka, name.as_str(), index, appended, &batches, txn_id.as_deref()).await,
             },
         };
         match topics.last_mut() {
@@ -109,38 +99,114 @@ pub async fn produce(kafka: &Kafka, req: ProduceRequest) -> Outcome {
             _ => topics.push(TopicProduceResponse::default().with_name(name).with_partition_responses(vec![part])),
         }
     }
-    Outcome::Respond(Box::new(silt_kafka::kafka_protocol::messages::ResponseKind::Produce(
-        ProduceResponse::default().with_responses(topics),
-    )))
+    respond(ResponseKind::Produce(ProduceResponse::default().with_responses(topics)))
 }
 
-/// The response for a durable batch: the offset its first record got, once indexed.
+/// Decodes, checks and submits one partition's batches.
+async fn partition(kafka: &Kafka, topic: &str, index: i32, raw: &bytes::Bytes, txn: Option<&str>, acked: bool) -> Slot {
+    let cfg = &kafka.config;
+    let produced = match records::decode(topic, index as u32, raw, cfg.max_message_bytes, cfg.max_inflated_bytes) {
+        Ok(p) if p.records.is_empty() => {
+            return Slot::Answered(refused(index, ResponseError::InvalidRecord.code(), Some("no records".into())));
+        }
+        Ok(p) => p,
+        Err(e) => {
+            let code = match e {
+                ProduceError::TooLarge { .. } => ResponseError::MessageTooLarge.code(),
+                ProduceError::Corrupt(_) => ResponseError::CorruptMessage.code(),
+                ProduceError::Control => ResponseError::InvalidRecord.code(),
+            };
+            return Slot::Answered(refused(index, code, Some(e.to_string())));
+        }
+    };
+    let mut records = produced.records;
+    for b in &produced.batches {
+        if b.producer_id < 0 {
+            if b.transactional {
+                return Slot::Answered(refused(
+                    index,
+                    ResponseError::InvalidRecord.code(),
+                    Some("a transactional batch without a producer id".into()),
+                ));
+            }
+            continue;
+        }
+        if b.transactional {
+            let Some(id) = txn else {
+                return Slot::Answered(refused(
+                    index,
+                    ResponseError::InvalidTxnState.code(),
+                    Some("a transactional batch outside a transaction".into()),
+                ));
+            };
+            if let Err(code) = kafka.txns.may_produce(id, b.producer_id, b.producer_epoch, topic, index) {
+                return Slot::Answered(refused(index, code, None));
+            }
+        }
+        let (storage, txns, t) = (kafka.storage().clone(), kafka.txns.clone(), topic.to_owned());
+        let b2 = *b;
+        let check = tokio::task::spawn_blocking(move || {
+            let at = At { pid: b2.producer_id, topic: &t, partition: index as u32 };
+            txns.check(&storage, at, b2.producer_epoch, b2.base_sequence, b2.count)
+        })
+        .await
+        .unwrap_or(Check::OutOfOrder);
+        match check {
+            Check::Append => {}
+            // One batch per partition is what producers send; a retry of it is answered with
+            // its first write.
+            Check::Duplicate { offset } if produced.batches.len() == 1 => {
+                return Slot::Answered(
+                    PartitionProduceResponse::default().with_index(index).with_base_offset(offset as i64),
+                );
+            }
+            Check::Duplicate { .. } | Check::OutOfOrder | Check::Unknown => {
+                return Slot::Answered(refused(index, ResponseError::OutOfOrderSequenceNumber.code(), None));
+            }
+            Check::StaleEpoch => {
+                return Slot::Answered(refused(index, ResponseError::InvalidProducerEpoch.code(), None));
+            }
+        }
+    }
+    for r in &mut records {
+        if r.attrs & attrs::TRANSACTIONAL != 0 {
+            r.topic.clear(); // not delivered over MQTT (see `crate::txns`)
+        }
+    }
+    match kafka.appender.submit(records, Assign::Given, acked).await {
+        Ok(ack) => Slot::Appended { ack, batches: produced.batches },
+        Err(e) => Slot::Answered(refused(index, storage_error(&e), Some(e.to_string()))),
+    }
+}
+
+/// The response for a durable batch: the offset its first record got, once indexed; the
+/// producer's sequences and its transaction's first offset recorded on the way.
 async fn answered(
     kafka: &Kafka,
     topic: &str,
     index: i32,
     appended: silt_storage::Appended,
+    batches: &[ProducedBatch],
+    txn: Option<&str>,
 ) -> PartitionProduceResponse {
-    let storage = kafka.storage().clone();
-    if let Err(e) = storage.wait_dispatched(appended.end).await {
-        return refused(index, storage_error(&e), Some(e.to_string()));
+    let base = match offset_of(kafka, topic, index as u32, appended.positions[0]).await {
+        Ok(o) => o,
+        Err(code) => return refused(index, code, None),
+    };
+    let mut at = base;
+    for b in batches {
+        if b.producer_id >= 0 {
+            let who = At { pid: b.producer_id, topic, partition: index as u32 };
+            kafka.txns.record(who, b.producer_epoch, b.base_sequence, b.count, at as u64);
+            if b.transactional
+                && let Some(id) = txn
+                && let Err(code) = kafka.txns.landed(id, b.producer_id, topic, index, at).await
+            {
+                return refused(index, code, None);
+            }
+        }
+        at += b.count as i64;
     }
-    let name = QueueName::Partition { stream: topic.to_owned(), partition: Partition(index as u32) };
-    let first = appended.positions[0];
-    let found = tokio::task::spawn_blocking(move || {
-        let id = storage.queue_id(&name)?.ok_or(silt_storage::Error::NotFound(first.get()))?;
-        let base = storage.offset_of(id, first)?;
-        let start = storage.queue_bounds(id)?.0;
-        Ok::<_, silt_storage::Error>((base, start))
-    })
-    .await;
-    match found {
-        Ok(Ok((Some(base), start))) => PartitionProduceResponse::default()
-            .with_index(index)
-            .with_base_offset(base.get() as i64)
-            .with_log_start_offset(start.get() as i64),
-        Ok(Ok((None, _))) => refused(index, ResponseError::KafkaStorageError.code(), Some("record not indexed".into())),
-        Ok(Err(e)) => refused(index, storage_error(&e), Some(e.to_string())),
-        Err(e) => refused(index, ResponseError::UnknownServerError.code(), Some(e.to_string())),
-    }
+    let start = super::log_start(kafka, topic, index as u32).await;
+    PartitionProduceResponse::default().with_index(index).with_base_offset(base).with_log_start_offset(start)
 }

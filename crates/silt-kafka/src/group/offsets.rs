@@ -69,7 +69,27 @@ impl Coordinator {
         token: RequestToken,
         version: i16,
         r: &OffsetCommitRequest,
+        check: impl FnMut(&str, i32) -> Option<ResponseError>,
+    ) {
+        self.commit(now, token, version, r, check, false);
+    }
+
+    /// Applies the offsets a committed transaction staged (TxnOffsetCommit) to the group `r`
+    /// names, whatever its generation now (they were checked when staged, and the transaction
+    /// is decided): as Kafka writes a transaction's offsets when its commit marker lands. The
+    /// answer, like an OffsetCommit's, comes for `token` once the records are durable.
+    pub fn handle_transaction_offsets(&mut self, now: Instant, token: RequestToken, r: &OffsetCommitRequest) {
+        self.commit(now, token, 8, r, |_, _| None, true);
+    }
+
+    fn commit(
+        &mut self,
+        now: Instant,
+        token: RequestToken,
+        version: i16,
+        r: &OffsetCommitRequest,
         mut check: impl FnMut(&str, i32) -> Option<ResponseError>,
+        transactional: bool,
     ) {
         let mut response = OffsetCommitResponse::default();
         // Positions that passed `check`, for the coordinator to decide.
@@ -102,7 +122,7 @@ impl Coordinator {
         };
         let created = !self.groups.contains_key(r.group_id.0.as_bytes());
         let core = &mut self.core;
-        let group = match commit_target(&mut self.groups, core, now, r) {
+        let group = match commit_target(&mut self.groups, core, now, r, transactional) {
             Ok(group) => group,
             Err(e) => return core.respond(token, fail(response, e)),
         };
@@ -377,6 +397,7 @@ fn commit_target<'a>(
     core: &mut Core,
     now: Instant,
     r: &OffsetCommitRequest,
+    transactional: bool,
 ) -> Result<&'a mut Group, ResponseError> {
     // Only a null group id is refused by Kafka (v2–v8 cannot send one); "" is a group.
     let group_id = &r.group_id.0;
@@ -385,7 +406,7 @@ fn commit_target<'a>(
     }
     let generation = r.generation_id_or_member_epoch;
     if !groups.contains_key(group_id.as_bytes()) {
-        if generation >= 0 {
+        if generation >= 0 && !transactional {
             // Kafka answers v9+ GROUP_ID_NOT_FOUND; v2–v8 (all served here) get this.
             return Err(ResponseError::IllegalGeneration);
         }
@@ -396,6 +417,9 @@ fn commit_target<'a>(
         groups.insert(group.id.clone(), group);
     }
     let group = groups.get_mut(group_id.as_bytes()).expect("invariant: present or inserted above");
+    if transactional {
+        return Ok(group);
+    }
     let instance = r.group_instance_id.as_deref();
     if generation < 0 && group.is(GroupState::Empty) {
         return Ok(group);
