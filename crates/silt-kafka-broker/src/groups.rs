@@ -37,8 +37,15 @@ pub struct Groups {
     persist_rx: Mutex<Option<mpsc::UnboundedReceiver<ToPersist>>>,
 }
 
-/// A batch of the coordinator's records to make durable.
-type ToPersist = (PersistId, Vec<Record>);
+/// The persister's work, done in the order queued.
+enum ToPersist {
+    /// A batch of the coordinator's records to make durable.
+    Batch(PersistId, Vec<Record>),
+    /// A full dump, taken under the coordinator's lock when queued: written behind every
+    /// batch raised before and ahead of every batch raised after, so a replay from its
+    /// checkpoint never sees an older offset after a newer one.
+    Dump(Vec<silt_storage::Record>, oneshot::Sender<silt_storage::Result<()>>),
+}
 
 /// Cancels a parked request whose waiter went away (its connection closed).
 struct Parked<'a> {
@@ -119,12 +126,35 @@ impl Groups {
         let Some(mut rx) = self.persist_rx.lock().expect("invariant: lock not poisoned").take() else { return };
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
-            while let Some((id, records)) = rx.recv().await {
+            let mut next = None;
+            loop {
+                let job = match next.take() {
+                    Some(job) => job,
+                    None => match rx.recv().await {
+                        Some(job) => job,
+                        None => break,
+                    },
+                };
+                let (id, records) = match job {
+                    ToPersist::Batch(id, records) => (id, records),
+                    ToPersist::Dump(records, done) => {
+                        let _ = done.send(write_dump(&storage, &records).await);
+                        continue;
+                    }
+                };
                 let mut ids = vec![id];
                 let mut batch: Vec<silt_storage::Record> = records.iter().filter_map(to_log).collect();
-                while let Ok((more, recs)) = rx.try_recv() {
-                    ids.push(more);
-                    batch.extend(recs.iter().filter_map(to_log));
+                while let Ok(more) = rx.try_recv() {
+                    match more {
+                        ToPersist::Batch(more, recs) => {
+                            ids.push(more);
+                            batch.extend(recs.iter().filter_map(to_log));
+                        }
+                        dump => {
+                            next = Some(dump);
+                            break;
+                        }
+                    }
                 }
                 let last = *ids.last().expect("invariant: at least one");
                 let result = if batch.is_empty() { Ok(()) } else { storage.append(&batch).await.map(|_| ()) };
@@ -179,7 +209,7 @@ impl Groups {
                     }
                 }
                 Event::Persist { id, records } => {
-                    if self.persist.send((id, records)).is_err() {
+                    if self.persist.send(ToPersist::Batch(id, records)).is_err() {
                         inner.coord.handle_persist_failed(id);
                     }
                 }
@@ -216,11 +246,33 @@ impl Groups {
         answer
     }
 
-    /// The records that restore the coordinator's committed offsets, for a dump of
-    /// `__silt_groups` (retention asks for one).
-    pub fn dump(&self) -> Vec<silt_storage::Record> {
-        self.lock().coord.snapshot().filter_map(|r| to_log(&r)).collect()
+    /// Writes a full dump of `__silt_groups` with its checkpoint marker, so retention may
+    /// delete what came before. Returns once it is durable.
+    pub async fn dump(&self) -> silt_storage::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let inner = self.lock();
+            let records = inner.coord.snapshot().filter_map(|r| to_log(&r)).collect();
+            if self.persist.send(ToPersist::Dump(records, tx)).is_err() {
+                return Err(silt_storage::Error::Closed);
+            }
+        }
+        rx.await.unwrap_or(Err(silt_storage::Error::Closed))
     }
+}
+
+/// The persister's half of [`Groups::dump`]: the dump starts where the stream ends now, as
+/// every batch queued before it is written.
+async fn write_dump(storage: &Arc<Storage>, records: &[silt_storage::Record]) -> silt_storage::Result<()> {
+    let s = storage.clone();
+    let start = tokio::task::spawn_blocking(move || internal::stream_end(&s, GROUPS_STREAM))
+        .await
+        .map_err(|_| silt_storage::Error::Closed)??;
+    for chunk in records.chunks(1000) {
+        storage.append(chunk).await?;
+    }
+    storage.append(&[internal::checkpoint_record(GROUPS_STREAM, start)]).await?;
+    Ok(())
 }
 
 /// Randomness for the member-id generator's seed, without a new dependency: the standard

@@ -80,6 +80,25 @@ impl Kafka {
         });
     }
 
+    /// The lowest log position holding state of the Kafka view that a restart still reads
+    /// (group offsets, transactions): retention deletes only below it.
+    pub fn internal_floor(&self) -> silt_storage::Result<silt_types::LogPosition> {
+        let storage = self.storage();
+        let mut floor = storage.stats().log_end;
+        for stream in [crate::groups::GROUPS_STREAM, crate::txns::TXN_STREAM, crate::txns::ABORTED_STREAM] {
+            if let Some(p) = silt_dataset::internal::floor(storage, stream)? {
+                floor = floor.min(p);
+            }
+        }
+        Ok(floor)
+    }
+
+    /// Writes fresh dumps of the Kafka view's internal state, so its floor moves up.
+    pub async fn dump_internal(&self) -> silt_storage::Result<()> {
+        self.groups.dump().await?;
+        self.txns.dump().await
+    }
+
     pub fn storage(&self) -> &Arc<Storage> {
         self.appender.storage()
     }

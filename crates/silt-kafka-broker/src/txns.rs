@@ -70,8 +70,17 @@ struct Inner {
     aborted: HashMap<PartitionKey, Vec<Aborted>>,
 }
 
-/// A batch of records to append in order, and who waits for it.
-type Job = (Vec<Record>, oneshot::Sender<silt_storage::Result<()>>);
+type Done = oneshot::Sender<silt_storage::Result<()>>;
+
+/// The persister's work, done in the order queued.
+enum Job {
+    /// Records to append, and who waits for them.
+    Append(Vec<Record>, Done),
+    /// Full dumps of both streams, taken under the state lock when queued: written behind
+    /// everything decided before and ahead of everything decided after, so a replay from its
+    /// checkpoint sees no older state after a newer one.
+    Dump { txns: Vec<Record>, aborted: HashMap<PartitionKey, Vec<Aborted>>, done: Done },
+}
 
 pub struct Transactions {
     inner: Mutex<Inner>,
@@ -124,6 +133,61 @@ fn marker(topic: &str, partition: i32, e: &Ending) -> Record {
     }
 }
 
+/// The persister's half of [`Transactions::dump`]. Aborted ranges wholly below their
+/// partition's log start are left out (no fetch can reach them) and forgotten in memory.
+async fn write_dump(
+    storage: &Arc<Storage>,
+    owner: &std::sync::Weak<Transactions>,
+    txns: Vec<Record>,
+    aborted: HashMap<PartitionKey, Vec<Aborted>>,
+) -> silt_storage::Result<()> {
+    let s = storage.clone();
+    let (txn_start, aborted_start, starts, aborted) = tokio::task::spawn_blocking(move || {
+        let mut starts = HashMap::new();
+        for (topic, partition) in aborted.keys() {
+            let name = QueueName::Partition { stream: topic.clone(), partition: Partition(*partition as u32) };
+            let start = match s.queue_id(&name)? {
+                Some(id) => s.queue_bounds(id)?.0.get() as i64,
+                None => 0,
+            };
+            starts.insert((topic.clone(), *partition), start);
+        }
+        let (txn_end, aborted_end) = (internal::stream_end(&s, TXN_STREAM)?, internal::stream_end(&s, ABORTED_STREAM)?);
+        Ok::<_, silt_storage::Error>((txn_end, aborted_end, starts, aborted))
+    })
+    .await
+    .map_err(|_| silt_storage::Error::Closed)??;
+    let mut kept = Vec::new();
+    for ((topic, partition), ranges) in &aborted {
+        let start = starts.get(&(topic.clone(), *partition)).copied().unwrap_or(0);
+        for range in ranges.iter().filter(|r| r.last >= start) {
+            let rec = AbortedRecord { topic: topic.clone(), partition: *partition, range: *range };
+            let value = serde_json::to_vec(&rec).expect("invariant: plain data serializes");
+            kept.push(internal_record(ABORTED_STREAM, topic, value));
+        }
+    }
+    for chunk in txns.chunks(1000) {
+        storage.append(chunk).await?;
+    }
+    storage.append(&[internal::checkpoint_record(TXN_STREAM, txn_start)]).await?;
+    for chunk in kept.chunks(1000) {
+        storage.append(chunk).await?;
+    }
+    storage.append(&[internal::checkpoint_record(ABORTED_STREAM, aborted_start)]).await?;
+    if let Some(t) = owner.upgrade() {
+        let mut inner = t.lock();
+        for (key, start) in starts {
+            if let Some(v) = inner.aborted.get_mut(&key) {
+                v.retain(|r| r.last >= start);
+                if v.is_empty() {
+                    inner.aborted.remove(&key);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Transactions {
     /// Replays the transaction streams (blocking: before a runtime serves clients).
     pub fn open(storage: &Storage) -> silt_storage::Result<Arc<Transactions>> {
@@ -135,7 +199,8 @@ impl Transactions {
             }
         })?;
         let mut aborted: HashMap<PartitionKey, Vec<Aborted>> = HashMap::new();
-        internal::scan(storage, ABORTED_STREAM, Offset(0), |_, r| {
+        let from = internal::checkpoint(storage, ABORTED_STREAM)?;
+        internal::scan(storage, ABORTED_STREAM, from, |_, r| {
             if let Ok(a) = serde_json::from_slice::<AbortedRecord>(&r.value) {
                 aborted.entry((a.topic, a.partition)).or_default().push(a.range);
             }
@@ -163,13 +228,20 @@ impl Transactions {
         self.inner.lock().expect("invariant: lock not poisoned")
     }
 
-    /// Starts the persister on the current runtime.
-    pub fn start(&self, storage: Arc<Storage>) {
+    /// Starts the persister on the current runtime; it ends with the last handle.
+    pub fn start(self: &Arc<Self>, storage: Arc<Storage>) {
         let Some(mut rx) = self.persist_rx.lock().expect("invariant: lock not poisoned").take() else { return };
+        let weak = Arc::downgrade(self);
         tokio::spawn(async move {
-            while let Some((records, done)) = rx.recv().await {
-                let r = storage.append(&records).await.map(|_| ());
-                let _ = done.send(r);
+            while let Some(job) = rx.recv().await {
+                match job {
+                    Job::Append(records, done) => {
+                        let _ = done.send(storage.append(&records).await.map(|_| ()));
+                    }
+                    Job::Dump { txns, aborted, done } => {
+                        let _ = done.send(write_dump(&storage, &weak, txns, aborted).await);
+                    }
+                }
             }
         });
     }
@@ -180,8 +252,9 @@ impl Transactions {
         let (tx, rx) = oneshot::channel();
         if records.is_empty() {
             let _ = tx.send(Ok(()));
-        } else if let Err(mpsc::error::SendError((_, tx))) = self.persist.send((records, tx)) {
-            let _ = tx.send(Err(silt_storage::Error::Closed));
+        } else {
+            // Were the persister gone, the dropped sender answers the wait with an error.
+            let _ = self.persist.send(Job::Append(records, tx));
         }
         rx
     }
@@ -317,9 +390,18 @@ impl Transactions {
         }
     }
 
-    /// Every live record of `__silt_txn`, for a dump.
-    pub fn dump(&self) -> Vec<Record> {
-        txn_log(&self.lock().txns.dump())
+    /// Writes full dumps of `__silt_txn` and `__silt_txn_aborted` with their checkpoint
+    /// markers, so retention may delete what came before. Returns once they are durable.
+    pub async fn dump(&self) -> silt_storage::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let inner = self.lock();
+            let job = Job::Dump { txns: txn_log(&inner.txns.dump()), aborted: inner.aborted.clone(), done: tx };
+            if self.persist.send(job).is_err() {
+                return Err(silt_storage::Error::Closed);
+            }
+        }
+        rx.await.unwrap_or(Err(silt_storage::Error::Closed))
     }
 }
 

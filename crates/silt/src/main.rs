@@ -161,7 +161,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let broker = Broker::new(appender.clone(), router, cfg.mqtt.clone(), auth)
         .map_err(|e| anyhow::anyhow!("cannot recover broker state: {e}"))?;
     let tiering = Arc::new(tiering);
-    tiered::wire(&broker, &tiering, rt.handle().clone());
+    let kafka_node = if cfg.kafka.enabled {
+        let cluster_id = cluster_id(&tiering.describe());
+        Some(
+            silt_kafka_broker::Kafka::open(cfg.kafka.clone(), appender, wakers, cluster_id)
+                .map_err(|e| anyhow::anyhow!("cannot recover the Kafka state: {e}"))?,
+        )
+    } else {
+        None
+    };
+    tiered::wire(&broker, kafka_node.as_ref(), &tiering, rt.handle().clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let listeners = rt.block_on(silt_broker::listeners::Listener::bind_all(&cfg.mqtt))?;
@@ -169,10 +178,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(kind = %l.kind(), addr = %l.local_addr()?, "mqtt listener bound");
     }
     let mqtt_addr = listeners[0].local_addr()?;
-    let kafka = if cfg.kafka.enabled {
-        let cluster_id = cluster_id(&tiering.describe());
-        let node = silt_kafka_broker::Kafka::open(cfg.kafka.clone(), appender, wakers, cluster_id)
-            .map_err(|e| anyhow::anyhow!("cannot recover the Kafka state: {e}"))?;
+    let kafka = if let Some(node) = kafka_node {
         rt.block_on(node.start());
         let listener = rt
             .block_on(silt_kafka_broker::server::bind(&node))

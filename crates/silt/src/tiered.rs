@@ -1,11 +1,12 @@
 //! Wiring tiering into the broker: `ack = "object"` acknowledgements, retention's view of the
-//! broker's internal streams, and the `$SYS/broker/tiering/...` figures.
+//! broker's and the Kafka view's internal streams, and the `$SYS/broker/tiering/...` figures.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use silt_broker::{Broker, TierDecision, TopicTiers};
+use silt_kafka_broker::Kafka;
 use silt_tiering::{InternalState, Policies, Tiering};
 use silt_types::LogPosition;
 
@@ -23,9 +24,11 @@ impl TopicTiers for Gate {
     }
 }
 
-/// The broker as retention sees it. Holds the broker weakly: it must not outlive shutdown.
+/// The broker's and the Kafka view's internal state as retention sees it. Holds both weakly:
+/// they must not outlive shutdown.
 struct Internal {
     broker: Weak<Broker>,
+    kafka: Option<Weak<Kafka>>,
     rt: tokio::runtime::Handle,
     last_dump: Mutex<Option<Instant>>,
 }
@@ -35,13 +38,18 @@ const MIN_DUMP_INTERVAL: Duration = Duration::from_secs(10);
 
 impl InternalState for Internal {
     fn floor(&self) -> LogPosition {
-        match self.broker.upgrade().map(|b| b.internal_floor()) {
-            Some(Ok(p)) => p,
-            Some(Err(e)) => {
+        let kafka = match self.kafka.as_ref().map(|k| k.upgrade().map(|k| k.internal_floor())) {
+            None => Ok(LogPosition(u64::MAX)),
+            Some(Some(f)) => f,
+            Some(None) => Ok(LogPosition(0)),
+        };
+        let broker = self.broker.upgrade().map_or(Ok(LogPosition(0)), |b| b.internal_floor());
+        match (broker, kafka) {
+            (Ok(b), Ok(k)) => b.min(k),
+            (Err(e), _) | (_, Err(e)) => {
                 tracing::warn!(error = %e, "internal floor unknown; retention holds everything");
                 LogPosition(0)
             }
-            None => LogPosition(0),
         }
     }
 
@@ -51,10 +59,14 @@ impl InternalState for Internal {
             return;
         }
         *last = Some(Instant::now());
-        let broker = self.broker.clone();
+        let (broker, kafka) = (self.broker.clone(), self.kafka.clone());
         self.rt.spawn(async move {
             let Some(b) = broker.upgrade() else { return };
-            match b.dump_internal(target).await {
+            let mut done = b.dump_internal(target).await;
+            if let (Ok(()), Some(k)) = (&done, kafka.and_then(|k| k.upgrade())) {
+                done = k.dump_internal().await;
+            }
+            match done {
                 Ok(()) => tracing::info!("internal state dumped so retention can delete old segments"),
                 Err(e) => tracing::warn!(error = %e, "internal state dump failed"),
             }
@@ -62,12 +74,17 @@ impl InternalState for Internal {
     }
 }
 
-pub fn wire(broker: &Arc<Broker>, tiering: &Arc<Tiering>, rt: tokio::runtime::Handle) {
+pub fn wire(broker: &Arc<Broker>, kafka: Option<&Arc<Kafka>>, tiering: &Arc<Tiering>, rt: tokio::runtime::Handle) {
     let policies = tiering.policies();
     if policies.any_object_ack() || policies.any_memory_tier() {
         broker.set_tiers(Arc::new(Gate(tiering.clone(), policies.clone())));
     }
-    tiering.set_internal_state(Arc::new(Internal { broker: Arc::downgrade(broker), rt, last_dump: Mutex::new(None) }));
+    tiering.set_internal_state(Arc::new(Internal {
+        broker: Arc::downgrade(broker),
+        kafka: kafka.map(Arc::downgrade),
+        rt,
+        last_dump: Mutex::new(None),
+    }));
     let t = tiering.clone();
     broker.set_extra_stats(Box::new(move || {
         let s = t.stats();
