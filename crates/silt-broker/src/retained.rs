@@ -134,6 +134,11 @@ impl RetainedStore {
         let mut store = RetainedStore::default();
         let from = silt_dataset::internal::checkpoint(storage, RETAINED_STREAM)?;
         let mut skipped = 0u64;
+        // Where each topic's newest live pointer (a set or a clear) sits in the log. A dump's
+        // absolute pointer can land after a live pointer that replaced it (the dump's snapshot
+        // was taken before that publish was applied): it loses to anything newer than its
+        // message.
+        let mut live: HashMap<String, LogPosition> = HashMap::new();
         let replayed = silt_dataset::internal::scan(storage, RETAINED_STREAM, from, |e, r| {
             let topic = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
             if silt_types::level_count(&topic) > max_levels {
@@ -149,22 +154,32 @@ impl RetainedStore {
                 return;
             }
             let entry = match r.value.len() {
+                // A live clear.
+                0 => {
+                    live.insert(topic.clone(), e.position);
+                    None
+                }
                 // Relative: the message record sits just before this pointer, in its batch.
                 4 => {
                     let size = u32::from_be_bytes(r.value[..4].try_into().expect("invariant: 4 bytes"));
+                    let position = LogPosition(e.position.get() - u64::from(size));
+                    live.insert(topic.clone(), position);
+                    Some(IndexEntry { position, size, timestamp: r.timestamp })
+                }
+                // Absolute (written by a dump): position and size.
+                12 => {
+                    let position =
+                        LogPosition(u64::from_be_bytes(r.value[..8].try_into().expect("invariant: 8 bytes")));
+                    if live.get(&topic).is_some_and(|&at| at > position) {
+                        return;
+                    }
                     Some(IndexEntry {
-                        position: LogPosition(e.position.get() - u64::from(size)),
-                        size,
+                        position,
+                        size: u32::from_be_bytes(r.value[8..].try_into().expect("invariant: 4 bytes")),
                         timestamp: r.timestamp,
                     })
                 }
-                // Absolute (written by a dump): position and size.
-                12 => Some(IndexEntry {
-                    position: LogPosition(u64::from_be_bytes(r.value[..8].try_into().expect("invariant: 8 bytes"))),
-                    size: u32::from_be_bytes(r.value[8..].try_into().expect("invariant: 4 bytes")),
-                    timestamp: r.timestamp,
-                }),
-                _ => None,
+                _ => return,
             };
             store.set(&topic, entry);
         })?;
@@ -336,5 +351,41 @@ mod tests {
         assert_eq!(s.len(), 1);
         s.set("a/b", None);
         assert!(s.is_empty() && s.root.children.is_empty());
+    }
+
+    /// A dump is a snapshot written after it was taken: a publish or a clear applied in
+    /// between lands in the log before the dump's stale pointer, and must still win.
+    #[test]
+    fn a_dump_never_undoes_a_newer_live_pointer() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::open(dir.path(), silt_storage::StorageConfig::default()).unwrap();
+        let message = |topic: &str, v: &'static str| Record {
+            timestamp: Timestamp::now(),
+            stream: "t".into(),
+            topic: topic.into(),
+            value: Bytes::from_static(v.as_bytes()),
+            ..Record::default()
+        };
+        let publish = |m: Record| {
+            let pointer = RetainedStore::pointer(&m, Timestamp::now());
+            let at = storage.append_blocking(&[m.clone(), pointer]).unwrap();
+            IndexEntry { position: at.positions[0], size: m.encoded_len() as u32, timestamp: m.timestamp }
+        };
+        let mut store = RetainedStore::default();
+        for (topic, v) in [("t/a", "old"), ("t/c", "cleared"), ("t/k", "kept")] {
+            store.set(topic, Some(publish(message(topic, v))));
+        }
+        let start = silt_dataset::internal::stream_end(&storage, RETAINED_STREAM).unwrap();
+        let dump = store.dump();
+        // Applied after the snapshot, written before the dump.
+        let newer = publish(message("t/a", "new"));
+        publish(message("t/c", ""));
+        storage.append_blocking(&dump).unwrap();
+        storage.append_blocking(&[silt_dataset::internal::checkpoint_record(RETAINED_STREAM, start)]).unwrap();
+
+        let (loaded, _) = RetainedStore::load(&storage, 128).unwrap();
+        assert_eq!(loaded.get("t/a"), Some(newer));
+        assert_eq!(loaded.get("t/c"), None);
+        assert_eq!(loaded.get("t/k"), store.get("t/k"));
     }
 }
