@@ -319,9 +319,9 @@ class RawKafka:
         (_, [(_, err, base, _)]), = topics
         return err, base
 
-    def fetch(self, topic, partition, offset, max_bytes=4 << 20, max_wait_ms=0):
+    def fetch(self, topic, partition, offset, max_bytes=4 << 20, max_wait_ms=0, min_bytes=0):
         """Fetch v4 of one partition: (error_code, high_watermark, [WireRecord])."""
-        body = (i32(-1) + i32(max_wait_ms) + i32(0) + i32(max_bytes) + i8(0)
+        body = (i32(-1) + i32(max_wait_ms) + i32(min_bytes) + i32(max_bytes) + i8(0)
                 + array([string(topic) + array([i32(partition) + i64(offset) + i32(max_bytes)])]))
         r = self.request(API_FETCH, 4, body)
         r.i32()  # throttle
