@@ -226,3 +226,21 @@ def test_kafka_records_reach_a_persistent_session_that_was_offline(kafka):
     more = Rec(b"fleet/truck9/gps", b"live again", (("seq", b"61"),))
     CLIENTS["aiokafka"].produce(node.bootstrap, [("fleet", None, more)])
     assert_delivered(receive(back, 1), [("fleet/truck9/gps", more.key, b"live again", [("seq", "61")])])
+
+
+def test_an_offline_session_gets_kafka_records_acknowledged_before_a_kill_9(kafka):
+    node = kafka.node()
+    s = kafka.mqtt(node, "crash-session", clean_start=False, session_expiry=SESSION_FOREVER)
+    s.subscribe("depot/#", qos=1)
+    s.close()
+    rnd = random.Random(6)
+    recs = [Rec(f"depot/bay{i % 4}".encode(), rnd.randbytes(rnd.randrange(1, 1500)), (("seq", str(i).encode()),))
+            for i in range(200)]
+    CLIENTS["confluent"].produce(node.bootstrap, [("depot", None, r) for r in recs], codec="zstd",
+                                 partitioner="murmur2_random")
+    node.kill()
+    node.start()
+    back = kafka.mqtt(node, "crash-session", clean_start=False, session_expiry=SESSION_FOREVER)
+    assert back.session_present, "the persistent session did not survive kill -9"
+    expected = [(routed("depot", r.key), r.key, r.value, [(k, v.decode()) for k, v in r.headers]) for r in recs]
+    assert_delivered(receive(back, len(recs)), expected)
