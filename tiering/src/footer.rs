@@ -298,6 +298,16 @@ pub fn footer_len(trailer: &[u8]) -> Result<usize, String> {
     Ok(u32::from_le_bytes(trailer[..4].try_into().expect("invariant: 4 bytes")) as usize)
 }
 
+/// Where the footer of an object of `object_size` bytes lies, given its trailer (the last
+/// [`TRAILER_LEN`] bytes): the object byte range to fetch and [`decode`]. A length that does
+/// not fit in the object before the trailer is refused: the object's bytes are not trusted.
+pub fn footer_range(object_size: u64, trailer: &[u8]) -> Result<std::ops::Range<u64>, String> {
+    let n = footer_len(trailer)? as u64;
+    let end = object_size.checked_sub(TRAILER_LEN as u64).ok_or("object shorter than its trailer")?;
+    let start = end.checked_sub(n).ok_or_else(|| format!("a footer of {n} bytes in an object of {object_size}"))?;
+    Ok(start..end)
+}
+
 pub fn decode(json: &[u8]) -> Result<Footer, String> {
     serde_json::from_slice(json).map_err(|e| format!("footer: {e}"))
 }

@@ -146,11 +146,12 @@ async fn download(store: &Arc<dyn ObjectStore>, o: &ObjectEntry, to: &FsPath) ->
 /// An object's footer, from its tail (two ranged GETs).
 pub(crate) async fn read_footer(store: &Arc<dyn ObjectStore>, o: &ObjectEntry) -> Result<Footer, Error> {
     let path = Path::from(o.key.as_str());
-    let t = footer::TRAILER_LEN as u64;
-    let trailer = retry("read footer", || store.get_range(&path, o.size - t..o.size)).await?;
-    let n = footer::footer_len(&trailer).map_err(Error::Recovery)? as u64;
-    let json = retry("read footer", || store.get_range(&path, o.size - t - n..o.size - t)).await?;
-    footer::decode(&json).map_err(Error::Recovery)
+    let bad = |e: String| Error::Recovery(format!("object {}: {e}", o.key));
+    let at = o.size.checked_sub(footer::TRAILER_LEN as u64).ok_or_else(|| bad("shorter than a footer".into()))?;
+    let trailer = retry("read footer", || store.get_range(&path, at..o.size)).await?;
+    let range = footer::footer_range(o.size, &trailer).map_err(bad)?;
+    let json = retry("read footer", || store.get_range(&path, range.clone())).await?;
+    footer::decode(&json).map_err(bad)
 }
 
 /// `(base, length)` of each segment file, in order.
@@ -168,4 +169,32 @@ fn local_segments(log_dir: &FsPath) -> Result<Vec<(u64, u64)>, Error> {
     }
     out.sort();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::local::LocalFileSystem;
+
+    fn entry(size: u64) -> ObjectEntry {
+        ObjectEntry { key: "segments/x".into(), base: 0, end: 4, size, min_ts: 0, max_ts: 0, gaps: Vec::new() }
+    }
+
+    /// An object whose trailer names a footer longer than the object, or that is shorter than
+    /// a trailer, is refused with an error naming it (the lengths used to be subtracted
+    /// unchecked: a panic in a debug build, a range wrapped around in a release one).
+    #[tokio::test]
+    async fn a_footer_length_beyond_the_object_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(d.path()).unwrap());
+        let mut object = b"segm".to_vec();
+        object.extend_from_slice(&1000u32.to_le_bytes());
+        object.extend_from_slice(footer::FOOTER_MAGIC);
+        let size = object.len() as u64;
+        store.put(&Path::from("segments/x"), PutPayload::from(object)).await.unwrap();
+        let err = read_footer(&store, &entry(size)).await.unwrap_err().to_string();
+        assert!(err.contains("segments/x") && err.contains("1000 bytes"), "{err}");
+        let err = read_footer(&store, &entry(5)).await.unwrap_err().to_string();
+        assert!(err.contains("shorter"), "{err}");
+    }
 }
