@@ -1,8 +1,8 @@
 //! Silt's MQTT broker core on the storage engine.
 //!
 //! - [`admission`]: connection slots, pending (before CONNACK) apart from open ones.
-//! - [`auth`]: argon2 password file with a bounded verifier pool, mosquitto-style ACLs,
-//!   session ownership, anonymous policy.
+//! - [`auth`]: the `silt-auth` crate (shared with the Kafka view): argon2 password file with
+//!   a bounded verifier pool, mosquitto-style ACLs, session ownership, anonymous policy.
 //! - [`message`]: an MQTT message as a log record (routing: first level = stream) and back.
 //! - [`session`]: subscriptions with cursors over consume queues; log-order merge; snapshots.
 //! - [`retained`]: retained messages, a topic trie walked by filter, persisted in the log.
@@ -19,7 +19,7 @@
 //! retention, never by a message count.
 
 pub mod admission;
-pub mod auth;
+pub use silt_auth as auth;
 pub mod broker;
 mod config;
 mod connection;

@@ -32,7 +32,6 @@ use futures_util::{Sink, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode, header::SEC_WEBSOCKET_PROTOCOL};
@@ -146,28 +145,10 @@ impl Listener {
     }
 }
 
-/// A TLS server config from PEM files: a certificate chain (leaf first) and a private key
-/// (PKCS#8, PKCS#1 or SEC1). `key` is the config table, for error messages.
+/// A TLS server config from PEM files (see [`silt_auth::tls::acceptor`]).
 pub fn tls_acceptor(key: &str, cert_file: &Path, key_file: &Path) -> Result<TlsAcceptor, ListenerError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let err = |field: &str, detail: String| ListenerError::Config { key: format!("{key}.{field}"), detail };
-    let certs = CertificateDer::pem_file_iter(cert_file)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| err("cert_file", format!("{}: {e}", cert_file.display())))?;
-    if certs.is_empty() {
-        return Err(err("cert_file", format!("{}: no CERTIFICATE in the file", cert_file.display())));
-    }
-    let private_key =
-        PrivateKeyDer::from_pem_file(key_file).map_err(|e| err("key_file", format!("{}: {e}", key_file.display())))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| err("cert_file", e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(certs, private_key)
-        .map_err(|e| err("key_file", format!("does not fit the certificate: {e}")))?;
-    Ok(TlsAcceptor::from(Arc::new(config)))
+    silt_auth::tls::acceptor(key, cert_file, key_file)
+        .map_err(|e| ListenerError::Config { key: e.key, detail: e.detail })
 }
 
 /// A byte stream of any transport, boxed so the connection code is compiled once for all the

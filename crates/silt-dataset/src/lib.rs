@@ -7,12 +7,13 @@
 //! - [`streams`]: the stream registry (partitions fixed at creation), durable in the log.
 //! - [`append`]: the tier- and retain-aware append path every protocol submits through.
 //! - [`internal`]: helpers for the internal streams that hold broker state in the log.
-//! - [`log_limit`]: one log line per interval for what a peer can repeat at will.
+//! - [`log_limit`] (from `silt-types`): one log line per interval for what a peer can repeat
+//!   at will.
 
 pub mod append;
 pub mod attrs;
 pub mod internal;
-pub mod log_limit;
+pub use silt_types::log_limit;
 pub mod murmur2;
 pub mod rule;
 pub mod streams;

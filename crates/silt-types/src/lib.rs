@@ -4,10 +4,13 @@
 //! - [`ids`]: `LogPosition`, `QueueId`, `Offset`, `Partition`, `Timestamp`.
 //! - [`topic`]: validated `TopicName` / `TopicFilter` and the spec matcher.
 //! - [`trie`]: `TopicTrie`, which finds every filter matching a topic without scanning them all.
+//! - [`log_limit`]: one log line per interval for what a peer can repeat at will.
 //!
-//! This crate has no I/O and no runtime dependency; everything in it is deterministic.
+//! This crate has no I/O and no runtime dependency; everything in it but [`log_limit`] (which
+//! reads the monotonic clock) is deterministic.
 
 pub mod ids;
+pub mod log_limit;
 pub mod topic;
 pub mod trie;
 

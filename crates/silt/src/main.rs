@@ -31,7 +31,8 @@ struct Cli {
 enum Command {
     /// Run the broker.
     Serve(ServeArgs),
-    /// Add or replace a user in a password file (argon2id); reads the password from stdin.
+    /// Add or replace a user in a password file (argon2id for MQTT and Kafka SASL PLAIN, and
+    /// SCRAM-SHA-256/512 credentials for Kafka SCRAM); reads the password from stdin.
     Passwd {
         /// The password file (`mqtt.auth.password_file`); created if missing.
         file: PathBuf,
@@ -107,11 +108,11 @@ fn passwd(file: &std::path::Path, user: &str) -> anyhow::Result<()> {
     if password.is_empty() {
         anyhow::bail!("empty password on stdin");
     }
-    let hash = silt_broker::auth::hash_password(password).map_err(|e| anyhow::anyhow!(e))?;
+    let line = silt_broker::auth::password_line(user, password).map_err(|e| anyhow::anyhow!(e))?;
     let existing = std::fs::read_to_string(file).unwrap_or_default();
     let mut lines: Vec<String> =
         existing.lines().filter(|l| l.split_once(':').map(|(u, _)| u) != Some(user)).map(str::to_owned).collect();
-    lines.push(format!("{user}:{hash}"));
+    lines.push(line);
     std::fs::write(file, lines.join("\n") + "\n")
         .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", file.display()))?;
     eprintln!("silt: {user} set in {}", file.display());

@@ -1,7 +1,11 @@
-//! Authentication (username/password against a file of argon2 hashes) and topic ACLs.
+//! Who may connect and what they may do, for every protocol Silt serves (MQTT and Kafka
+//! share one password file and one ACL): authentication (username/password against a file
+//! of argon2 hashes) and topic ACLs; TLS server configs in [`tls`].
 //!
 //! Password file: one `username:PHC-string` per line (`$argon2id$...`), written by
-//! `silt passwd FILE USER`. ACL file: the mosquitto format users already know:
+//! `silt passwd FILE USER`, optionally followed by `:scram-sha-256=...:scram-sha-512=...`
+//! (the SCRAM credentials of [`scram`], which `silt passwd` writes too; a user without them
+//! can log in by password but not by SCRAM). ACL file: the mosquitto format users already know:
 //!
 //! ```text
 //! # comments and blank lines are ignored
@@ -28,11 +32,19 @@
 //! user's block names the client id (`takeover sensor-17`, or a prefix: `takeover sensor-*`,
 //! or `takeover *`).
 //!
+//! Kafka clients (the same users, the same topic rules, applied to the MQTT topic of each
+//! record) also need, with an ACL file, a rule naming each consumer group they use
+//! (`group analytics`, `group etl-*`, `group *`) and each transactional id
+//! (`transactional_id orders-*`), in their `user` block or, for anonymous clients, before any
+//! `user` line.
+//!
 //! Anonymous clients (no username) are accepted per `allow_anonymous`: by default only from
 //! loopback addresses. An ACL file without a password file is refused at start-up unless
 //! `allow_unauthenticated_usernames = true` says that usernames are claims, not identities.
 //! Passwords are verified by a bounded pool ([`verify`]). Passwords are never logged.
 
+pub mod scram;
+pub mod tls;
 pub mod verify;
 
 use std::collections::HashMap;
@@ -139,13 +151,34 @@ struct Rule {
     substitute: bool,
 }
 
+/// Directives that name things rather than topics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Named {
+    Takeover,
+    Group,
+    TransactionalId,
+}
+
+/// How much of a Kafka topic (an MQTT topic's first level, with everything below it) a
+/// client may read or write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// Every topic in it: no record needs checking.
+    All,
+    /// Some topics in it, maybe: each record is checked by its MQTT topic.
+    Some,
+    /// None of it.
+    None,
+}
+
 #[derive(Debug, Default)]
 struct Acl {
     anonymous: Vec<Rule>,
     users: HashMap<String, Vec<Rule>>,
     everyone: Vec<Rule>,
-    /// Client ids (exact, or a prefix ending in `*`) whose sessions a user may take over.
-    takeover: HashMap<String, Vec<String>>,
+    /// Names (exact, or a prefix ending in `*`) per directive and user (`None`: anonymous):
+    /// client ids whose sessions a user may take over, Kafka groups and transactional ids.
+    named: HashMap<(Named, Option<String>), Vec<String>>,
 }
 
 /// Why a CONNECT is refused.
@@ -157,8 +190,16 @@ pub enum AuthError {
     Busy,
 }
 
+/// A user of the password file.
+struct User {
+    hash: Arc<StoredHash>,
+    scram: Vec<scram::Credential>,
+}
+
 pub struct Auth {
-    passwords: Option<HashMap<String, Arc<StoredHash>>>,
+    passwords: Option<HashMap<String, User>>,
+    /// What made-up SCRAM credentials of unknown users derive from.
+    secret: [u8; 32],
     /// What unknown users are verified against, so they take as long as known ones.
     dummy: Arc<StoredHash>,
     verifier: Option<Verifier>,
@@ -198,7 +239,7 @@ impl Auth {
             })
         });
         let dummy = Arc::new(if passwords.is_some() { StoredHash::dummy() } else { placeholder_hash() });
-        Ok(Auth { passwords, dummy, verifier, acl, anonymous: cfg.allow_anonymous })
+        Ok(Auth { passwords, secret: random_secret(), dummy, verifier, acl, anonymous: cfg.allow_anonymous })
     }
 
     /// No password file, no ACL, loopback-only anonymous access: what `silt serve` runs with
@@ -206,6 +247,7 @@ impl Auth {
     pub fn open() -> Auth {
         Auth {
             passwords: None,
+            secret: random_secret(),
             dummy: Arc::new(placeholder_hash()),
             verifier: None,
             acl: None,
@@ -241,7 +283,7 @@ impl Auth {
         let (Some(passwords), Some(verifier)) = (&self.passwords, &self.verifier) else { return anonymous() };
         // An unknown user, or no password, costs as much as a wrong password.
         let (hash, known) = match (passwords.get(user), password) {
-            (Some(h), Some(_)) => (h.clone(), Some(user)),
+            (Some(u), Some(_)) => (u.hash.clone(), Some(user)),
             _ => (self.dummy.clone(), None),
         };
         let password = password.cloned().unwrap_or_default();
@@ -252,15 +294,89 @@ impl Auth {
         }
     }
 
+    /// Whether a client at `peer` may go without credentials.
+    pub fn allows_anonymous(&self, peer: SocketAddr) -> bool {
+        match self.anonymous {
+            AnonymousPolicy::Always => true,
+            AnonymousPolicy::Loopback => peer.ip().is_loopback(),
+            AnonymousPolicy::Never => false,
+        }
+    }
+
+    /// Finishes a SCRAM exchange with the client-final message `msg`, the proof checked on
+    /// the verifier pool under `peer`'s pacing. The user and the server-final message.
+    pub async fn scram_finish(
+        &self,
+        mut exchange: scram::Exchange,
+        msg: Bytes,
+        peer: SocketAddr,
+    ) -> Result<(String, Vec<u8>), AuthError> {
+        let Some(verifier) = &self.verifier else { return Err(AuthError::BadCredentials) };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let check = move || {
+            let done = exchange.finish(&msg);
+            let ok = done.is_ok();
+            let _ = tx.send(done);
+            ok
+        };
+        match verifier.check(check, peer).await {
+            Verdict::Valid => rx.try_recv().ok().and_then(Result::ok).ok_or(AuthError::BadCredentials),
+            Verdict::Invalid => Err(AuthError::BadCredentials),
+            Verdict::Busy => Err(AuthError::Busy),
+        }
+    }
+
     /// May `user` take over the session of `client_id` that another user created?
     pub fn allows_takeover(&self, user: Option<&str>, client_id: &str) -> bool {
-        let (Some(acl), Some(user)) = (&self.acl, user) else { return false };
-        acl.takeover.get(user).is_some_and(|ids| {
-            ids.iter().any(|id| match id.strip_suffix('*') {
-                Some(prefix) => client_id.starts_with(prefix),
-                None => id == client_id,
+        user.is_some() && self.acl.is_some() && self.names(Named::Takeover, user, client_id)
+    }
+
+    /// May `user` use the Kafka consumer group `group`? Without an ACL file, anyone may.
+    pub fn allows_group(&self, user: Option<&str>, group: &str) -> bool {
+        self.acl.is_none() || self.names(Named::Group, user, group)
+    }
+
+    /// May `user` use the Kafka transactional id `id`? Without an ACL file, anyone may.
+    pub fn allows_transactional_id(&self, user: Option<&str>, id: &str) -> bool {
+        self.acl.is_none() || self.names(Named::TransactionalId, user, id)
+    }
+
+    fn names(&self, kind: Named, user: Option<&str>, name: &str) -> bool {
+        let Some(acl) = &self.acl else { return false };
+        acl.named.get(&(kind, user.map(str::to_owned))).is_some_and(|names| {
+            names.iter().any(|n| match n.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => n == name,
             })
         })
+    }
+
+    /// How much under the topic level `root` (a Kafka topic: one level, no wildcards) `user`
+    /// may read or write.
+    pub fn reach(&self, user: Option<&str>, client_id: &str, access: Access, root: &str) -> Reach {
+        let Some(acl) = &self.acl else { return Reach::All };
+        let (mut covered, mut touched, mut denied) = (false, false, false);
+        for (grant, pattern) in effective_rules(acl, user, client_id) {
+            let (first, rest) = pattern.split_once('/').map_or((pattern.as_ref(), None), |(f, r)| (f, Some(r)));
+            let hits = first == "#" || first == "+" || first == root;
+            if !hits {
+                continue;
+            }
+            let whole = first == "#" || rest == Some("#");
+            match (grant, access) {
+                (Grant::Deny, _) => denied = true,
+                (Grant::ReadWrite, _) | (Grant::Read, Access::Read) | (Grant::Write, Access::Write) => {
+                    touched = true;
+                    covered |= whole;
+                }
+                _ => {}
+            }
+        }
+        match (covered && !denied, touched) {
+            (true, _) => Reach::All,
+            (false, true) => Reach::Some,
+            (false, false) => Reach::None,
+        }
     }
 
     /// May `user`/`client_id` publish to (`Write`) or receive from (`Read`) topic `name`?
@@ -275,31 +391,12 @@ impl Auth {
 
     fn decide(&self, user: Option<&str>, client_id: &str, access: Access, hit: impl Fn(&str) -> bool) -> bool {
         let Some(acl) = &self.acl else { return true };
-        let own = match user {
-            Some(u) => acl.users.get(u).map(Vec::as_slice).unwrap_or_default(),
-            None => acl.anonymous.as_slice(),
-        };
-        // A substituted value must never widen a grant: `+`, `#` and `/` in a username or
-        // client id would become wildcards or extra levels.
-        let unsafe_value = |v: &str| v.contains(['+', '#', '/']);
-        let unsafe_user = user.is_some_and(unsafe_value);
-        let unsafe_client = unsafe_value(client_id);
         let mut granted = false;
-        for rule in own.iter().chain(&acl.everyone) {
-            let pattern = if rule.substitute {
-                let widened =
-                    (unsafe_user && rule.pattern.contains("%u")) || (unsafe_client && rule.pattern.contains("%c"));
-                if widened && rule.grant != Grant::Deny {
-                    continue;
-                }
-                rule.pattern.replace("%u", user.unwrap_or("")).replace("%c", client_id)
-            } else {
-                rule.pattern.clone()
-            };
+        for (grant, pattern) in effective_rules(acl, user, client_id) {
             if !hit(&pattern) {
                 continue;
             }
-            match (rule.grant, access) {
+            match (grant, access) {
                 (Grant::Deny, _) => return false,
                 (Grant::ReadWrite, _) | (Grant::Read, Access::Read) | (Grant::Write, Access::Write) => granted = true,
                 _ => {}
@@ -307,6 +404,34 @@ impl Auth {
         }
         granted
     }
+}
+
+/// The rules that apply to `user`/`client_id`, with `%u` and `%c` substituted. A substituted
+/// value must never widen a grant: `+`, `#` and `/` in a username or client id would become
+/// wildcards or extra levels, so such grants are left out (denials stay).
+fn effective_rules<'a>(
+    acl: &'a Acl,
+    user: Option<&'a str>,
+    client_id: &'a str,
+) -> impl Iterator<Item = (Grant, std::borrow::Cow<'a, str>)> + 'a {
+    let own = match user {
+        Some(u) => acl.users.get(u).map(Vec::as_slice).unwrap_or_default(),
+        None => acl.anonymous.as_slice(),
+    };
+    let unsafe_value = |v: &str| v.contains(['+', '#', '/']);
+    let unsafe_user = user.is_some_and(unsafe_value);
+    let unsafe_client = unsafe_value(client_id);
+    own.iter().chain(&acl.everyone).filter_map(move |rule| {
+        if !rule.substitute {
+            return Some((rule.grant, std::borrow::Cow::Borrowed(rule.pattern.as_str())));
+        }
+        let widened = (unsafe_user && rule.pattern.contains("%u")) || (unsafe_client && rule.pattern.contains("%c"));
+        if widened && rule.grant != Grant::Deny {
+            return None;
+        }
+        let pattern = rule.pattern.replace("%u", user.unwrap_or("")).replace("%c", client_id);
+        Some((rule.grant, std::borrow::Cow::Owned(pattern)))
+    })
 }
 
 /// Is every topic matched by `filter` also matched by `pattern`?
@@ -343,7 +468,47 @@ fn placeholder_hash() -> StoredHash {
         .expect("invariant: a valid PHC string")
 }
 
-fn load_passwords(path: &Path) -> Result<HashMap<String, Arc<StoredHash>>, String> {
+impl scram::Credentials for Auth {
+    fn credential(&self, mechanism: scram::Mechanism, user: &str) -> Option<scram::Credential> {
+        let u = self.passwords.as_ref()?.get(user)?;
+        let found = u.scram.iter().find(|c| c.mechanism == mechanism).cloned();
+        if found.is_none() {
+            static MISSING: silt_types::log_limit::LogLimit =
+                silt_types::log_limit::LogLimit::new(silt_types::log_limit::EVERY);
+            if let Some(suppressed) = MISSING.check() {
+                tracing::warn!(
+                    user,
+                    mechanism = mechanism.name(),
+                    suppressed,
+                    "a user without this SCRAM credential tried it; set the password again with `silt passwd`"
+                );
+            }
+        }
+        found
+    }
+
+    fn secret(&self) -> &[u8] {
+        &self.secret
+    }
+}
+
+fn random_secret() -> [u8; 32] {
+    let mut secret = [0u8; 32];
+    argon2::password_hash::rand_core::RngCore::fill_bytes(&mut argon2::password_hash::rand_core::OsRng, &mut secret);
+    secret
+}
+
+/// A password-file line for `user`: the argon2 hash, then a SCRAM credential per mechanism.
+pub fn password_line(user: &str, password: &str) -> Result<String, String> {
+    let mut line = format!("{user}:{}", hash_password(password)?);
+    for m in scram::Mechanism::ALL {
+        line.push(':');
+        line.push_str(&scram::Credential::new(m, password.as_bytes(), scram::DEFAULT_ITERATIONS).encode());
+    }
+    Ok(line)
+}
+
+fn load_passwords(path: &Path) -> Result<HashMap<String, User>, String> {
     let mut out = HashMap::new();
     for (i, line) in read(path)?.lines().enumerate() {
         let line = line.trim();
@@ -351,10 +516,13 @@ fn load_passwords(path: &Path) -> Result<HashMap<String, Arc<StoredHash>>, Strin
             continue;
         }
         let at = |why: &str| format!("{}:{}: {why}", path.display(), i + 1);
-        let (user, phc) =
-            line.split_once(':').filter(|(u, _)| !u.is_empty()).ok_or_else(|| at("expected `username:argon2-hash`"))?;
+        let mut fields = line.split(':');
+        let (Some(user), Some(phc)) = (fields.next().filter(|u| !u.is_empty()), fields.next()) else {
+            return Err(at("expected `username:argon2-hash[:scram-sha-256=...]`"));
+        };
         let hash = StoredHash::parse(phc).map_err(|e| at(&format!("not an argon2 hash: {e}")))?;
-        out.insert(user.to_owned(), Arc::new(hash));
+        let scram = fields.map(scram::Credential::decode).collect::<Result<Vec<_>, _>>().map_err(|e| at(&e))?;
+        out.insert(user.to_owned(), User { hash: Arc::new(hash), scram });
     }
     Ok(out)
 }
@@ -376,14 +544,23 @@ fn load_acl(path: &Path) -> Result<Acl, String> {
                 let name = words.next().ok_or_else(|| bad("`user` needs a name"))?;
                 current = Some(name.to_owned());
             }
-            "takeover" => {
-                let id =
-                    words.next().ok_or_else(|| bad("`takeover` needs a client id, a prefix ending in `*`, or `*`"))?;
-                if id.strip_suffix('*').unwrap_or(id).contains('*') {
-                    return Err(bad("`takeover`: `*` may only end the client id"));
+            directive @ ("takeover" | "group" | "transactional_id") => {
+                let kind = match directive {
+                    "takeover" => Named::Takeover,
+                    "group" => Named::Group,
+                    _ => Named::TransactionalId,
+                };
+                let what = if kind == Named::Takeover { "client id" } else { "name" };
+                let name = words
+                    .next()
+                    .ok_or_else(|| bad(&format!("`{directive}` needs a {what}, a prefix ending in `*`, or `*`")))?;
+                if name.strip_suffix('*').unwrap_or(name).contains('*') {
+                    return Err(bad(&format!("`{directive}`: `*` may only end the {what}")));
                 }
-                let user = current.as_ref().ok_or_else(|| bad("`takeover` belongs in a `user` block"))?;
-                acl.takeover.entry(user.clone()).or_default().push(id.to_owned());
+                if kind == Named::Takeover && current.is_none() {
+                    return Err(bad("`takeover` belongs in a `user` block"));
+                }
+                acl.named.entry((kind, current.clone())).or_default().push(name.to_owned());
             }
             "topic" | "pattern" => {
                 let rest: Vec<&str> = words.collect();
@@ -453,6 +630,41 @@ mod tests {
         // A deny rule with such a value still denies (it can only deny more).
         let d = acl("topic readwrite devices/#\npattern deny devices/%c/#\n");
         assert!(!d.allows_topic(None, "+", Access::Write, "devices/dev8/cmd"));
+    }
+
+    #[test]
+    fn reach_says_whether_a_kafka_topic_needs_checking_per_record() {
+        let a = acl("topic read public/#\nuser alice\ntopic readwrite alice/#\ntopic deny alice/secret/#\n\
+                     topic write plant/line1/#\ntopic read +/status\nuser root\ntopic #\npattern read own/%u/#\n");
+        let r = |u: Option<&str>, access, root| a.reach(u, "c", access, root);
+        assert_eq!(r(None, Access::Read, "public"), Reach::All);
+        assert_eq!(r(None, Access::Write, "public"), Reach::None);
+        assert_eq!(r(Some("alice"), Access::Read, "alice"), Reach::Some, "a deny below keeps it per record");
+        assert_eq!(r(Some("alice"), Access::Write, "plant"), Reach::Some);
+        assert_eq!(r(Some("alice"), Access::Read, "plant"), Reach::Some, "+/status reaches into every topic");
+        assert_eq!(r(Some("alice"), Access::Write, "other"), Reach::None);
+        assert_eq!(r(Some("alice"), Access::Read, "own"), Reach::Some, "the pattern, substituted");
+        assert_eq!(r(Some("root"), Access::Write, "anything"), Reach::All);
+        assert_eq!(acl("").reach(None, "c", Access::Read, "x"), Reach::None);
+        assert_eq!(Auth::open().reach(None, "c", Access::Read, "x"), Reach::All, "no ACL file");
+    }
+
+    #[test]
+    fn group_and_transactional_id_rules_name_what_a_kafka_client_may_use() {
+        let a = acl("group public-*\nuser alice\ngroup etl\ntransactional_id orders-*\nuser bob\ntopic read x\n");
+        assert!(a.allows_group(None, "public-dash"));
+        assert!(!a.allows_group(None, "etl"));
+        assert!(a.allows_group(Some("alice"), "etl"));
+        assert!(!a.allows_group(Some("alice"), "etl2"));
+        assert!(!a.allows_group(Some("bob"), "public-dash"), "anonymous rules are not everyone's");
+        assert!(a.allows_transactional_id(Some("alice"), "orders-7"));
+        assert!(!a.allows_transactional_id(Some("bob"), "orders-7"));
+        assert!(Auth::open().allows_group(None, "any") && Auth::open().allows_transactional_id(None, "any"));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("acl");
+        std::fs::write(&p, "user a\ngroup x*y\n").unwrap();
+        let cfg = AuthConfig { acl_file: Some(p), allow_unauthenticated_usernames: true, ..AuthConfig::default() };
+        assert!(Auth::load(&cfg).unwrap_err().contains(":2: `group`: `*` may only end"));
     }
 
     #[test]
@@ -540,5 +752,22 @@ mod tests {
         let cfg = AuthConfig { acl_file: Some(p), allow_unauthenticated_usernames: true, ..AuthConfig::default() };
         let err = Auth::load(&cfg).unwrap_err();
         assert!(err.contains("acl:2"), "{err}");
+    }
+
+    #[test]
+    fn password_lines_carry_scram_credentials_and_older_lines_still_load() {
+        use scram::{Credentials, Mechanism};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("passwd");
+        let old = format!("old:{}", hash_password("pw").unwrap());
+        std::fs::write(&p, format!("{}\n{old}\n", password_line("new", "pw").unwrap())).unwrap();
+        let a = Auth::load(&AuthConfig { password_file: Some(p.clone()), ..AuthConfig::default() }).unwrap();
+        for m in Mechanism::ALL {
+            assert_eq!(a.credential(m, "new").map(|c| c.mechanism), Some(m));
+            assert!(a.credential(m, "old").is_none(), "no SCRAM credential: SCRAM fails, PLAIN works");
+        }
+        std::fs::write(&p, format!("{old}:scram-sha-256=4096,!!,AA==,AA==\n")).unwrap();
+        let err = Auth::load(&AuthConfig { password_file: Some(p), ..AuthConfig::default() }).unwrap_err();
+        assert!(err.contains("passwd:1: scram-sha-256: salt"), "{err}");
     }
 }

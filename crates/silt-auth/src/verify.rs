@@ -19,6 +19,10 @@
 //! - An unknown user is verified against a dummy hash with the default parameters, so it
 //!   takes as long as a wrong password for a known one and reveals nothing.
 //!
+//! - Other credential checks (a SCRAM proof, [`Verifier::check`]) take the same queues and
+//!   backoff: cheap in themselves, they would otherwise let a client guess as fast as it can
+//!   reconnect.
+//!
 //! Not guaranteed: fairness between clients behind one address (a NAT); they share a queue.
 //! Hand-written because no crate offers a bounded, peer-fair verifier around argon2.
 
@@ -140,11 +144,22 @@ impl PeerKey {
     }
 }
 
+/// What an attempt checks.
+enum Work {
+    /// A password against its argon2 hash.
+    Password {
+        hash: Arc<StoredHash>,
+        /// The user, if known: a success is cached under it.
+        user: Option<String>,
+        password: Bytes,
+    },
+    /// Any other check of a credential (a SCRAM proof): cheap itself, but paced like a
+    /// password, so guessing online is as slow.
+    Check(Box<dyn FnOnce() -> bool + Send>),
+}
+
 struct Job {
-    hash: Arc<StoredHash>,
-    /// The user, if known: a success is cached under it.
-    user: Option<String>,
-    password: Bytes,
+    work: Work,
     queued_at: Instant,
     reply: oneshot::Sender<Verdict>,
 }
@@ -285,8 +300,19 @@ impl Verifier {
                 return Verdict::Valid;
             }
         }
+        self.submit(Work::Password { hash, user: user.map(str::to_owned), password }, peer).await
+    }
+
+    /// Runs `check` on the pool under `peer`'s queue and backoff, like a password: what a
+    /// client may try as often as it connects is paced the same whatever the mechanism.
+    pub async fn check(&self, check: impl FnOnce() -> bool + Send + 'static, peer: SocketAddr) -> Verdict {
+        self.submit(Work::Check(Box::new(check)), peer).await
+    }
+
+    async fn submit(&self, work: Work, peer: SocketAddr) -> Verdict {
+        let s = &self.shared;
         let (reply, answer) = oneshot::channel();
-        let job = Job { hash, user: user.map(str::to_owned), password, queued_at: Instant::now(), reply };
+        let job = Job { work, queued_at: Instant::now(), reply };
         {
             let key = PeerKey::of(peer);
             let mut sched = s.lock();
@@ -348,13 +374,18 @@ fn worker(s: &Shared) {
             let _ = job.reply.send(Verdict::Busy);
             continue;
         }
-        let ok = job.hash.verify(&job.password, &mut memory) && job.user.is_some();
-        s.runs.fetch_add(1, Ordering::Relaxed);
-        if ok && !s.limits.cache_for.is_zero() {
-            let user = job.user.clone().expect("invariant: checked above");
-            let digest = s.digest(&user, &job.password);
-            s.cache.lock().expect("invariant: lock not poisoned").put(user, (digest, Instant::now()));
-        }
+        let ok = match job.work {
+            Work::Password { hash, user, password } => {
+                let ok = hash.verify(&password, &mut memory) && user.is_some();
+                s.runs.fetch_add(1, Ordering::Relaxed);
+                if let (true, false, Some(user)) = (ok, s.limits.cache_for.is_zero(), user) {
+                    let digest = s.digest(&user, &password);
+                    s.cache.lock().expect("invariant: lock not poisoned").put(user, (digest, Instant::now()));
+                }
+                ok
+            }
+            Work::Check(check) => check(),
+        };
         s.lock().record(key, ok, Instant::now());
         let _ = job.reply.send(if ok { Verdict::Valid } else { Verdict::Invalid });
     }
@@ -383,7 +414,8 @@ mod tests {
         let (a, b) = (PeerKey::of(peer("10.0.0.1:1")), PeerKey::of(peer("10.0.0.2:1")));
         let push = |s: &mut Sched, k: PeerKey| {
             let (reply, _) = oneshot::channel();
-            let job = Job { hash: hash.clone(), user: None, password: Bytes::new(), queued_at: now, reply };
+            let work = Work::Password { hash: hash.clone(), user: None, password: Bytes::new() };
+            let job = Job { work, queued_at: now, reply };
             if !s.queues.contains_key(&k) {
                 s.ring.push_back(k);
             }
