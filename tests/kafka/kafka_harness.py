@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tiering"))
+pytest.register_assert_rewrite("tiering_harness")
 
 from tiering_harness import (  # noqa: E402
     SESSION_FOREVER, MqttClient, SeaweedFS, SiltNode, is_success, tail, wait_until, write_config,
@@ -61,11 +62,15 @@ class KafkaNode(SiltNode):
         super().start(timeout)
         with self._log_lock:
             lines = self.log[mark:]
-        bound = [re.search(r"kafka listener bound addr=127\.0\.0\.1:(\d+)", line) for line in lines]
-        bound = [m for m in bound if m]
-        if not bound:
+        # `kafka listener bound [kind=...] addr=...`: the plain TCP one (no kind, or kind tcp).
+        self.kafka_ports = {}
+        for line in lines:
+            m = re.search(r'kafka listener bound (?:kind="?(\w+)"? )?addr=127\.0\.0\.1:(\d+)', line)
+            if m:
+                self.kafka_ports[m.group(1) or "tcp"] = int(m.group(2))
+        if "tcp" not in self.kafka_ports:
             raise RuntimeError(f"silt {self.name}: no 'kafka listener bound' line:\n{self.log_tail()}")
-        self.kafka_port = int(bound[-1].group(1))
+        self.kafka_port = self.kafka_ports["tcp"]
         return self
 
     @property
