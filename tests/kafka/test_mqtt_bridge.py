@@ -120,6 +120,8 @@ def user_properties(msg):
 
 
 def receive(client, n, timeout=60):
+    """`n` messages from a client's queue (or from a queue)."""
+    inbox = getattr(client, "messages", client)
     out = []
     deadline = time.monotonic() + timeout
     while len(out) < n:
@@ -128,7 +130,7 @@ def receive(client, n, timeout=60):
             raise AssertionError(f"{len(out)} of {n} MQTT messages after {timeout}s: "
                                  f"{[(m.topic, _brief(bytes(m.payload), user_properties(m))) for m in out]}")
         try:
-            out.append(client.messages.get(timeout=min(left, 1)))
+            out.append(inbox.get(timeout=min(left, 1)))
         except queue.Empty:
             pass
     return out
@@ -244,3 +246,20 @@ def test_an_offline_session_gets_kafka_records_acknowledged_before_a_kill_9(kafk
     assert back.session_present, "the persistent session did not survive kill -9"
     expected = [(routed("depot", r.key), r.key, r.value, [(k, v.decode()) for k, v in r.headers]) for r in recs]
     assert_delivered(receive(back, len(recs)), expected)
+
+
+def test_kafka_records_reach_a_shared_subscription_once_each(kafka):
+    node = kafka.node()
+    inbox = queue.Queue()  # both members deliver here
+    members = [kafka.mqtt(node, f"share-{i}", on_message=inbox.put) for i in range(2)]
+    for m in members:
+        m.subscribe("$share/workers/jobs/#", qos=1)
+    rnd = random.Random(12)
+    recs = [Rec(f"jobs/queue{i % 3}".encode(), f"job {i} ".encode() + rnd.randbytes(50), (("job", str(i).encode()),))
+            for i in range(60)]
+    CLIENTS["confluent"].produce(node.bootstrap, [("jobs", None, r) for r in recs], partitioner="murmur2_random")
+    got = receive(inbox, len(recs))
+    assert sorted(bytes(m.payload) for m in got) == sorted(r.value for r in recs), "each job exactly once"
+    for m in got:
+        i = int(bytes(m.payload).split(b" ")[1])
+        assert (m.topic, user_properties(m), m.qos) == (f"jobs/queue{i % 3}", [("job", str(i))], 1)
