@@ -29,7 +29,7 @@ import re
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -453,12 +453,3 @@ def _progress(out, need):
 
 CLIENTS = {c.name: c for c in (Kcat(), Confluent(), KafkaPython(), AioKafka())}
 
-
-@dataclass
-class Produced:
-    """What one client produced to one partition, and what the client said about it."""
-    topic: str
-    partition: int
-    recs: list = field(default_factory=list)
-    acks: list = field(default_factory=list)   # (partition, offset) per record, or None per record
-    clock: tuple = (0, 0)                        # wall clock (ms) around the produce

@@ -17,7 +17,6 @@ the reason tiering_harness gives).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sys
@@ -37,7 +36,8 @@ from tiering_harness import (  # noqa: E402
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from paho.mqtt.properties import Properties  # noqa: E402
 
-__all__ = ["SESSION_FOREVER", "KafkaNode", "KafkaWorld", "Mqtt5", "is_success", "wait_until", "mqtt_properties"]
+__all__ = ["SESSION_FOREVER", "KafkaNode", "KafkaWorld", "Mqtt5", "is_success", "mqtt_properties", "unique",
+           "wait_until"]
 
 CLOSED_LINE = "kafka connection closed"
 # Lines no test expects: a panic, or a response the broker could not encode.
@@ -217,6 +217,3 @@ def unique(prefix):
     """A Kafka topic name no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
-
-def env_int(name, default):
-    return int(os.environ.get(name, default))

@@ -12,11 +12,9 @@
 Knob: SILT_KAFKA_KILL_RECORDS (acknowledged records before the kill, default 20000).
 """
 
-import hashlib
 import os
 import random
 import threading
-import time
 
 import pytest
 
@@ -189,9 +187,6 @@ def check_all(bootstrap, plan, produced, acked):
         assert sum(map(len, by_partition.values())) == count, f"{topic}: {sum(map(len, by_partition.values()))} of {count}"
         check_log(by_partition, produced[topic], acked[topic])
 
-
-def digest(plan, produced):
-    return hashlib.sha256(repr(sorted((t, s, r.value) for t in plan for s, r in produced[t].items())).encode()).hexdigest()
 
 
 def test_topics_and_records_come_back_on_an_empty_disk_after_a_graceful_stop(kafka):
