@@ -170,7 +170,7 @@ pub(crate) fn check_at(seg: &Segment, at: u64, limit: u64, max: usize) -> Result
     if limit - at < FRAME_LEN as u64 {
         return Ok(Err("partial frame header".into()));
     }
-    let head = seg.bytes_at(at, FRAME_LEN as u64)?;
+    let head = seg.copy_at(at, FRAME_LEN as u64)?;
     let total = match format::peek_frame(&head, max) {
         Err(e) => return Ok(Err(e.to_string())),
         Ok(None) => return Ok(Err("partial frame header".into())),
@@ -179,7 +179,7 @@ pub(crate) fn check_at(seg: &Segment, at: u64, limit: u64, max: usize) -> Result
     if at + total > limit {
         return Ok(Err("batch extends past the end of the segment".into()));
     }
-    let frame = seg.bytes_at(at, total)?;
+    let frame = seg.copy_at(at, total)?;
     Ok(match format::check_frame(&frame, max) {
         Ok(FrameKind::Records(_)) => Ok(Found::Batch(total)),
         Ok(FrameKind::Gap) => Ok(Found::Gap(total)),
@@ -190,7 +190,7 @@ pub(crate) fn check_at(seg: &Segment, at: u64, limit: u64, max: usize) -> Result
 /// Where the bad range starting at `at` ends (see the module documentation).
 pub(crate) fn bad_end(seg: &Segment, at: u64, limit: u64, max: usize) -> Result<u64> {
     if limit - at >= FRAME_LEN as u64 {
-        let head = seg.bytes_at(at, FRAME_LEN as u64)?;
+        let head = seg.copy_at(at, FRAME_LEN as u64)?;
         if let Ok(Some(total)) = format::peek_frame(&head, max) {
             let next = at + total as u64;
             if next < limit && check_at(seg, next, limit, max)?.is_ok() {
@@ -210,14 +210,14 @@ fn resync(seg: &Segment, from: u64, limit: u64, max: usize) -> Result<Option<u64
     let mut p = from;
     while p + (MIN_FRAME_LEN as u64) <= limit {
         let n = (WINDOW + HEAD).min(limit - p);
-        let w = seg.bytes_at(p, n)?;
+        let w = seg.copy_at(p, n)?;
         let scan = if p + n == limit { n } else { n - HEAD };
         for i in 0..scan {
             let head = &w[i as usize..(i + HEAD).min(n) as usize];
             let Some(total) = format::frame_candidate(head, max, limit - (p + i)) else { continue };
             let total = total as u64;
             let frame =
-                if i + total <= n { w.slice(i as usize..(i + total) as usize) } else { seg.bytes_at(p + i, total)? };
+                if i + total <= n { w.slice(i as usize..(i + total) as usize) } else { seg.copy_at(p + i, total)? };
             if format::check_frame(&frame, max).is_ok() {
                 return Ok(Some(p + i));
             }
@@ -359,7 +359,7 @@ fn copy_aside(seg: &Segment, start: u64, end: u64, dir: &Path) -> Result<PathBuf
     let mut at = start;
     while at < end {
         let n = (4u64 << 20).min(end - at);
-        f.write_all(&seg.bytes_at(at, n)?).map_err(Error::io("write quarantine file", &path))?;
+        f.write_all(&seg.copy_at(at, n)?).map_err(Error::io("write quarantine file", &path))?;
         at += n;
     }
     f.sync_all().map_err(Error::io("fsync quarantine file", &path))?;
