@@ -53,8 +53,6 @@ class KafkaNode(SiltNode):
         self.kafka_port = None
         self.starts = []  # log index at each start
 
-    def args(self):
-        return super().args() + ["--kafka", self.kafka_listen]
 
     def start(self, timeout=120):
         mark = self.log_mark()

@@ -107,13 +107,6 @@ def test_a_bad_frame_closes_only_its_connection(kafka, case):
     assert node.running
 
 
-API_VERSIONS_BUG = ("silt-kafka-broker connection.rs serve(): the UNSUPPORTED_VERSION answer to an ApiVersions "
-                    "request of an unknown version is encoded with encode_response(key, req.version = 99, ...), "
-                    "which fails ('a kafka response failed to encode ... ApiVersionsResponse v99 body'), and the "
-                    "connection is closed; Kafka answers it in ApiVersions v0 (codec.rs's docs say so too)")
-
-
-@pytest.mark.xfail(strict=True, reason=API_VERSIONS_BUG)
 def test_an_api_versions_request_of_an_unknown_version_is_answered(kafka):
     node = kafka.node()
     r = RawKafka(node.kafka_port)

@@ -19,7 +19,9 @@ class Silt:
     def __init__(self, data_dir, extra_args=()):
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
-            [SILT_BIN, "serve", "--mqtt", "127.0.0.1:0", "--data-dir", data_dir, *extra_args],
+            # A free Kafka port unless the test names one: 9092 may be taken on the machine.
+            [SILT_BIN, "serve", "--mqtt", "127.0.0.1:0", "--data-dir", data_dir,
+             *([] if "--kafka" in extra_args else ["--kafka", "127.0.0.1:0"]), *extra_args],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,

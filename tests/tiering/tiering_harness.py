@@ -371,7 +371,9 @@ class SiltNode:
         self._log_lock = threading.Lock()
 
     def args(self):
-        a = [SILT_BIN, "serve", "--mqtt", "127.0.0.1:0", "--data-dir", str(self.data_dir)]
+        # A free Kafka port unless a subclass names one: 9092 may be taken on the machine.
+        kafka = getattr(self, "kafka_listen", "127.0.0.1:0")
+        a = [SILT_BIN, "serve", "--mqtt", "127.0.0.1:0", "--kafka", kafka, "--data-dir", str(self.data_dir)]
         if self.config is not None:
             a += ["--config", str(self.config)]
         if self.object_store is not None:

@@ -305,7 +305,10 @@ impl Exchange {
             return Err(ScramError::Malformed("client-final: channel binding differs from the gs2 header"));
         }
         let r = attrs.next().and_then(|r| r.strip_prefix("r=")).ok_or(ScramError::Malformed("client-final"))?;
-        if r != nonce {
+        // Kafka's broker accepts a nonce that merely ends with the one it sent: librdkafka
+        // before 2.x's fix repeats the client's part ("r=" client + client + server), and the
+        // Debian kcat still ships one of those. The server's fresh part must be there either way.
+        if !r.ends_with(&nonce) {
             return Err(ScramError::Invalid);
         }
         let proof = B64.decode(proof).map_err(|_| ScramError::Malformed("client-final: proof"))?;
@@ -392,17 +395,8 @@ mod tests {
 
     /// A client as RFC 5802 §3 computes its proof.
     fn client_final(m: Mechanism, password: &str, client_first_bare: &str, server_first: &str) -> String {
-        let attr = |k: &str| server_first.split(',').find_map(|a| a.strip_prefix(k)).unwrap().to_owned();
-        let (nonce, salt, iterations) = (attr("r="), B64.decode(attr("s=")).unwrap(), attr("i=").parse().unwrap());
-        let c = Credential::with_salt(m, password.as_bytes(), salt.clone(), iterations);
-        let mut salted = vec![0u8; m.len()];
-        pbkdf2::derive(m.pbkdf2(), NonZeroU32::new(iterations).unwrap(), &salt, password.as_bytes(), &mut salted);
-        let client_key = m.mac(&salted, b"Client Key");
-        let without_proof = format!("c=biws,r={nonce}");
-        let auth = format!("{client_first_bare},{server_first},{without_proof}");
-        let signature = m.mac(&c.stored_key, auth.as_bytes());
-        let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
-        format!("{without_proof},p={}", B64.encode(proof))
+        let nonce = server_first.split(',').next().unwrap().strip_prefix("r=").unwrap();
+        signed_final(m, password, client_first_bare, server_first, nonce)
     }
 
     fn login(users: &One, m: Mechanism, name: &str, password: &str) -> Result<String, ScramError> {
@@ -459,6 +453,40 @@ mod tests {
         assert!(matches!(first("garbage"), Err(ScramError::Malformed(_))));
         assert!(matches!(first(&"x".repeat(MAX_MESSAGE + 1)), Err(ScramError::Malformed(_))));
         assert_eq!(unescape("a=2Cb=3Dc"), Ok("a,b=c".to_owned()));
+    }
+
+    /// librdkafka 2.0's client-final message repeats the client nonce; Kafka takes it. A nonce
+    /// without the server's fresh part at its end is still refused.
+    #[test]
+    fn a_final_nonce_that_ends_with_the_servers_is_taken_as_kafka_takes_it() {
+        let m = Mechanism::ScramSha256;
+        let users = One(Some(Credential::new(m, b"pw", MIN_ITERATIONS)));
+        let bare = "n=user,r=cnonce";
+        let attempt = |r: &dyn Fn(&str) -> String| {
+            let mut x = Exchange::new(m);
+            let server_first = String::from_utf8(x.first(format!("n,,{bare}").as_bytes(), &users).unwrap()).unwrap();
+            let nonce = server_first.split(',').next().unwrap().strip_prefix("r=").unwrap().to_owned();
+            x.finish(signed_final(m, "pw", bare, &server_first, &r(&nonce)).as_bytes()).map(|(u, _)| u)
+        };
+        assert_eq!(attempt(&|n| n.to_owned()).as_deref(), Ok("user"));
+        assert_eq!(attempt(&|n| format!("cnonce{n}")).as_deref(), Ok("user"), "librdkafka 2.0");
+        assert_eq!(attempt(&|_| "cnonce".to_owned()), Err(ScramError::Invalid), "no server part");
+        assert_eq!(attempt(&|n| format!("{n}x")), Err(ScramError::Invalid));
+    }
+
+    /// A client-final message with nonce `r`, signed as RFC 5802 says over the messages sent.
+    fn signed_final(m: Mechanism, password: &str, bare: &str, server_first: &str, r: &str) -> String {
+        let attr = |k: &str| server_first.split(',').find_map(|a| a.strip_prefix(k)).unwrap().to_owned();
+        let (salt, iterations): (Vec<u8>, u32) = (B64.decode(attr("s=")).unwrap(), attr("i=").parse().unwrap());
+        let mut salted = vec![0u8; m.len()];
+        pbkdf2::derive(m.pbkdf2(), NonZeroU32::new(iterations).unwrap(), &salt, password.as_bytes(), &mut salted);
+        let client_key = m.mac(&salted, b"Client Key");
+        let stored = digest::digest(m.digest(), &client_key);
+        let without_proof = format!("c=biws,r={r}");
+        let auth = format!("{bare},{server_first},{without_proof}");
+        let signature = m.mac(stored.as_ref(), auth.as_bytes());
+        let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
+        format!("{without_proof},p={}", B64.encode(proof))
     }
 
     #[test]

@@ -33,11 +33,7 @@ mod sys;
 
 /// The start of a client-chosen string for a log line: a topic may be 64 KiB long.
 pub(crate) fn log_prefix(s: &str) -> &str {
-    let mut end = s.len().min(120);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    silt_types::log_limit::prefix(s)
 }
 
 pub use broker::{Broker, ExtraStats, Router};

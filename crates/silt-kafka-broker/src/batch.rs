@@ -68,9 +68,18 @@ fn put_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
 /// Appends one batch of `records` (offsets ascending, not empty) to `out`.
 pub fn encode(out: &mut BytesMut, meta: BatchMeta, records: &[OutRecord]) {
     let (Some(first), Some(last)) = (records.first(), records.last()) else { return };
-    let base_offset = first.offset;
-    let base_ts = records.iter().map(|r| r.timestamp).min().unwrap_or(first.timestamp);
-    let max_ts = records.iter().map(|r| r.timestamp).max().unwrap_or(first.timestamp);
+    encode_range(out, meta, first.offset, last.offset, records);
+}
+
+/// Appends a batch covering offsets `base_offset..=last_offset` that holds `records` (maybe
+/// none, all inside the range): offsets in the range without a record are skipped by the
+/// consumer, which continues after `last_offset` (as after compaction). An empty batch is
+/// how a consumer is moved past records it may not see.
+pub fn encode_range(out: &mut BytesMut, meta: BatchMeta, base_offset: i64, last_offset: i64, records: &[OutRecord]) {
+    debug_assert!(records.iter().all(|r| (base_offset..=last_offset).contains(&r.offset)));
+    let now = records.first().map_or(0, |r| r.timestamp);
+    let base_ts = records.iter().map(|r| r.timestamp).min().unwrap_or(now);
+    let max_ts = records.iter().map(|r| r.timestamp).max().unwrap_or(now);
     let start = out.len();
     out.put_i64(base_offset);
     out.put_i32(0); // length, filled in below
@@ -86,7 +95,7 @@ pub fn encode(out: &mut BytesMut, meta: BatchMeta, records: &[OutRecord]) {
         attributes |= CONTROL;
     }
     out.put_i16(attributes);
-    out.put_i32((last.offset - base_offset) as i32);
+    out.put_i32((last_offset - base_offset) as i32);
     out.put_i64(base_ts);
     out.put_i64(max_ts);
     out.put_i64(meta.producer_id);
@@ -147,6 +156,21 @@ mod tests {
         assert_eq!(got[1].value, None);
         assert_eq!((got[0].producer_id, got[0].producer_epoch, got[0].transactional), (7, 2, true));
         assert_eq!(got[0].headers.len(), 2);
+    }
+
+    #[test]
+    fn a_batch_may_cover_offsets_it_holds_no_record_of() {
+        let r = OutRecord { offset: 11, timestamp: 5, key: None, value: Some(Bytes::new()), headers: Vec::new() };
+        let mut out = BytesMut::new();
+        encode_range(&mut out, BatchMeta::default(), 10, 19, std::slice::from_ref(&r));
+        encode_range(&mut out, BatchMeta::default(), 20, 29, &[]);
+        let mut buf = out.freeze();
+        let mut sets = Vec::new();
+        while !buf.is_empty() {
+            sets.push(RecordBatchDecoder::decode(&mut buf).expect("valid batches, the empty one too"));
+        }
+        assert_eq!(sets[0].records.iter().map(|r| r.offset).collect::<Vec<_>>(), [11]);
+        assert!(sets[1].records.is_empty());
     }
 
     #[test]

@@ -39,7 +39,35 @@ pub struct KafkaConfig {
     /// How long committed offsets outlive their group's last member (minutes;
     /// `offsets.retention.minutes`).
     pub offsets_retention_minutes: u64,
+    /// SASL mechanisms offered when `mqtt.auth.password_file` is set (the Kafka listener
+    /// authenticates against the same users): any of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512.
+    pub sasl_mechanisms: Vec<String>,
+    /// How long a connection that must authenticate may take to (ms); then it is closed.
+    pub auth_timeout_ms: u64,
+    /// A connection with no request for this long is closed (ms; Kafka's
+    /// `connections.max.idle.ms`).
+    pub connections_max_idle_ms: u64,
+    /// Kafka over TLS (`[kafka.tls]`), a second listener; off when absent.
+    pub tls: Option<KafkaTlsConfig>,
 }
+
+/// The `[kafka.tls]` settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaTlsConfig {
+    /// Address bound, exactly as given.
+    pub listen: String,
+    /// `host:port` that Metadata names to clients of this listener; default: the bound address.
+    #[serde(default)]
+    pub advertised: Option<String>,
+    /// Certificate chain, leaf first (PEM).
+    pub cert_file: std::path::PathBuf,
+    /// Private key: PKCS#8, PKCS#1 or SEC1 (PEM).
+    pub key_file: std::path::PathBuf,
+}
+
+/// The SASL mechanisms a Kafka client may use.
+pub const SASL_MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
 
 impl Default for KafkaConfig {
     fn default() -> Self {
@@ -58,6 +86,10 @@ impl Default for KafkaConfig {
             group_max_session_timeout_ms: 1_800_000,
             group_max_size: 10_000,
             offsets_retention_minutes: 10_080,
+            sasl_mechanisms: SASL_MECHANISMS.iter().map(|m| m.to_string()).collect(),
+            auth_timeout_ms: 10_000,
+            connections_max_idle_ms: 600_000,
+            tls: None,
         }
     }
 }
@@ -68,10 +100,29 @@ impl KafkaConfig {
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             return bad("listen", "must be an address such as 127.0.0.1:9092");
         }
-        if let Some(a) = &self.advertised
-            && a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
-        {
+        let host_port = |a: &str| a.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if self.advertised.as_deref().is_some_and(|a| !host_port(a)) {
             return bad("advertised", "must be host:port");
+        }
+        if let Some(t) = &self.tls {
+            if t.listen.parse::<std::net::SocketAddr>().is_err() {
+                return bad("tls.listen", "must be an address such as 127.0.0.1:9093");
+            }
+            if t.advertised.as_deref().is_some_and(|a| !host_port(a)) {
+                return bad("tls.advertised", "must be host:port");
+            }
+            if t.cert_file.as_os_str().is_empty() || t.key_file.as_os_str().is_empty() {
+                return bad("tls", "cert_file and key_file are required (PEM files)");
+            }
+        }
+        if let Some(m) = self.sasl_mechanisms.iter().find(|m| !SASL_MECHANISMS.contains(&m.as_str())) {
+            return bad("sasl_mechanisms", &format!("{m:?} is not one of {SASL_MECHANISMS:?}"));
+        }
+        if self.auth_timeout_ms == 0 {
+            return bad("auth_timeout_ms", "must be greater than 0");
+        }
+        if self.connections_max_idle_ms == 0 {
+            return bad("connections_max_idle_ms", "must be greater than 0");
         }
         if self.max_message_bytes < 1024 || self.max_message_bytes > self.max_request_bytes {
             return bad("max_message_bytes", "must be at least 1024 and at most max_request_bytes");

@@ -3,7 +3,10 @@
 //! requests against the log through the append path MQTT uses too (`silt-dataset`).
 //!
 //! Module map:
-//! - [`server`]: the listener; [`connection`]: one connection, requests in order.
+//! - [`server`]: the listeners (TCP, and TLS with `[kafka.tls]`); [`connection`]: one
+//!   connection, requests in order; `sasl`: who it is (SASL PLAIN/SCRAM, or anonymous).
+//!   Topic ACLs (`silt-auth`, the MQTT rules applied to each record's MQTT topic) are checked
+//!   by every API that touches a topic, group or transactional id.
 //! - `apis`: one module per API family (metadata and coordinator lookup, produce, fetch,
 //!   offsets, topics and configs), and the mapping of engine errors to Kafka error codes.
 //! - `records`: Kafka records ↔ log records (the routing rule both ways); `batch`: record
@@ -26,9 +29,10 @@ mod groups;
 mod inflate;
 mod node;
 mod records;
+mod sasl;
 pub mod server;
 mod txns;
 pub mod wake;
 
-pub use config::KafkaConfig;
+pub use config::{KafkaConfig, KafkaTlsConfig};
 pub use node::{Kafka, NODE_ID};

@@ -23,7 +23,10 @@ pub struct Kafka {
     pub groups: Arc<Groups>,
     pub txns: Arc<Transactions>,
     pub cluster_id: String,
+    /// Users and ACLs, shared with the MQTT broker.
+    pub auth: Arc<silt_auth::Auth>,
     advertised: OnceLock<(String, u16)>,
+    advertised_tls: OnceLock<(String, u16)>,
 }
 
 impl Kafka {
@@ -34,6 +37,7 @@ impl Kafka {
         appender: Arc<Appender>,
         wakers: Arc<Wakers>,
         cluster_id: String,
+        auth: Arc<silt_auth::Auth>,
     ) -> silt_storage::Result<Arc<Kafka>> {
         let groups = Groups::open(appender.storage(), config.group_settings())?;
         let txns = Transactions::open(appender.storage())?;
@@ -44,7 +48,9 @@ impl Kafka {
             groups,
             txns,
             cluster_id,
+            auth,
             advertised: OnceLock::new(),
+            advertised_tls: OnceLock::new(),
         }))
     }
 
@@ -105,19 +111,24 @@ impl Kafka {
 
     /// Sets the address Metadata names, from `kafka.advertised` or else the bound address.
     pub fn bound(&self, addr: SocketAddr) {
-        let advertised = match &self.config.advertised {
-            Some(a) => {
-                let (h, p) = a.rsplit_once(':').expect("invariant: validated host:port");
-                (h.to_owned(), p.parse().expect("invariant: validated port"))
-            }
-            None => (addr.ip().to_string(), addr.port()),
-        };
-        let _ = self.advertised.set(advertised);
+        let _ = self.advertised.set(advertise(self.config.advertised.as_deref(), addr));
     }
 
-    /// The `host:port` clients are told to connect to.
+    /// Sets the address Metadata names to clients of the TLS listener.
+    pub fn bound_tls(&self, addr: SocketAddr) {
+        let configured = self.config.tls.as_ref().and_then(|t| t.advertised.as_deref());
+        let _ = self.advertised_tls.set(advertise(configured, addr));
+    }
+
+    /// The `host:port` clients of a listener are told to connect to.
+    pub fn advertised_for(&self, tls: bool) -> (String, u16) {
+        let set = if tls { &self.advertised_tls } else { &self.advertised };
+        set.get().cloned().unwrap_or_else(|| ("127.0.0.1".into(), 9092))
+    }
+
+    /// The `host:port` clients of the TCP listener are told to connect to.
     pub fn advertised(&self) -> (String, u16) {
-        self.advertised.get().cloned().unwrap_or_else(|| ("127.0.0.1".into(), 9092))
+        self.advertised_for(false)
     }
 
     /// The stream behind a Kafka topic a client names, created when `create` and the topic
@@ -139,5 +150,15 @@ impl Kafka {
             }
             Err(e) => Err(crate::apis::storage_error(&e)),
         }
+    }
+}
+
+fn advertise(configured: Option<&str>, bound: SocketAddr) -> (String, u16) {
+    match configured {
+        Some(a) => {
+            let (h, p) = a.rsplit_once(':').expect("invariant: validated host:port");
+            (h.to_owned(), p.parse().expect("invariant: validated port"))
+        }
+        None => (bound.ip().to_string(), bound.port()),
     }
 }

@@ -34,6 +34,10 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 5),
     (ApiKey::DescribeConfigs, 1, 4),
+    // After a v0 handshake the SASL tokens come raw, without a request header (Kafka < 1.0);
+    // librdkafka 2.0 insists on v0 being announced, then uses v1 and SaslAuthenticate.
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
 /// The versions of `key` this broker speaks, if any.

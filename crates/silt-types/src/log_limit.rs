@@ -42,6 +42,16 @@ impl LogLimit {
 /// The interval of the broker's rate-limited lines.
 pub const EVERY: Duration = Duration::from_secs(10);
 
+/// The start of a client-chosen string for a log line (a topic may be 64 KiB long): at most
+/// 120 bytes, cut at a character boundary.
+pub fn prefix(s: &str) -> &str {
+    let mut end = s.len().min(120);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

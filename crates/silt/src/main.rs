@@ -165,7 +165,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let kafka_node = if cfg.kafka.enabled {
         let cluster_id = cluster_id(&tiering.describe());
         Some(
-            silt_kafka_broker::Kafka::open(cfg.kafka.clone(), appender, wakers, cluster_id)
+            silt_kafka_broker::Kafka::open(cfg.kafka.clone(), appender, wakers, cluster_id, broker.auth.clone())
                 .map_err(|e| anyhow::anyhow!("cannot recover the Kafka state: {e}"))?,
         )
     } else {
@@ -181,11 +181,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mqtt_addr = listeners[0].local_addr()?;
     let kafka = if let Some(node) = kafka_node {
         rt.block_on(node.start());
-        let listener = rt
-            .block_on(silt_kafka_broker::server::bind(&node))
-            .map_err(|e| anyhow::anyhow!("kafka.listen {}: {e}", cfg.kafka.listen))?;
-        tracing::info!(addr = %listener.local_addr()?, advertised = ?node.advertised(), "kafka listener bound");
-        Some(rt.spawn(silt_kafka_broker::server::run(node, listener, stop_rx.clone())))
+        let listeners = rt.block_on(silt_kafka_broker::server::bind(&node)).map_err(|e| anyhow::anyhow!(e))?;
+        for (kind, addr) in listeners.addrs()? {
+            let advertised = node.advertised_for(kind == "tls");
+            tracing::info!(kind, %addr, ?advertised, "kafka listener bound");
+        }
+        Some(rt.spawn(silt_kafka_broker::server::run(node, listeners, stop_rx.clone())))
     } else {
         None
     };

@@ -9,6 +9,12 @@
 //! gap in the offsets, as after compaction. At least one record is returned when there is one,
 //! however large (KIP-74), so a consumer never gets stuck behind a big record.
 //!
+//! ACLs: a record is returned only if the client may read its MQTT topic, as an MQTT
+//! subscriber would receive it; records left out (and records that are gone) are covered by
+//! the batch around them or an empty batch, so the consumer moves past them. A topic it may
+//! read none of is TOPIC_AUTHORIZATION_FAILED. The records looked at per partition and fetch
+//! are bounded (`MAX_SKIPPED_BYTES`), however few are readable.
+//!
 //! Fetch sessions (KIP-227) are not kept: every response has session id 0, which tells the
 //! client to send full fetch requests.
 
@@ -25,7 +31,10 @@ use silt_storage::{ErrorKind, QueueName, Storage};
 use silt_types::{Offset, Partition, QueueId};
 use tokio::time::Instant;
 
-use super::storage_error;
+use silt_auth::{Access, Reach};
+use silt_dataset::rule;
+
+use super::{Ctx, storage_error};
 use crate::batch::{self, BatchMeta, OutRecord};
 use crate::node::Kafka;
 use crate::records;
@@ -33,8 +42,36 @@ use crate::txns::Transactions;
 
 /// Index entries read per step.
 const STEP: usize = 256;
+/// Bytes of records left out (not readable, or gone) looked at per partition and fetch at most.
+const MAX_SKIPPED_BYTES: usize = 4 << 20;
 
-pub async fn fetch(kafka: &Kafka, req: FetchRequest, _version: i16) -> FetchResponse {
+/// Whose read access each record's MQTT topic is checked against.
+pub struct ReadAcl {
+    auth: Arc<silt_auth::Auth>,
+    user: Option<String>,
+    client_id: String,
+}
+
+impl ReadAcl {
+    fn reach(&self, topic: &str) -> Reach {
+        self.auth.reach(self.user.as_deref(), &self.client_id, Access::Read, topic)
+    }
+
+    fn allows(&self, r: &silt_storage::Record) -> bool {
+        let topic: std::borrow::Cow<'_, str> = if r.topic.is_empty() {
+            // A transactional record keeps no MQTT topic; its key still names one.
+            rule::mqtt_topic_for(&r.stream, r.key.as_deref()).into()
+        } else {
+            r.topic.as_str().into()
+        };
+        self.auth.allows_topic(self.user.as_deref(), &self.client_id, Access::Read, &topic)
+    }
+}
+
+pub async fn fetch(kafka: &Kafka, ctx: &Ctx, req: FetchRequest, _version: i16) -> FetchResponse {
+    let acl = kafka.auth.has_acl().then(|| {
+        Arc::new(ReadAcl { auth: kafka.auth.clone(), user: ctx.user.clone(), client_id: ctx.client_id.clone() })
+    });
     let wait = Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0).min(kafka.config.max_fetch_wait_ms));
     let deadline = Instant::now() + wait;
     let min_bytes = usize::try_from(req.min_bytes).unwrap_or(0);
@@ -45,8 +82,11 @@ pub async fn fetch(kafka: &Kafka, req: FetchRequest, _version: i16) -> FetchResp
     loop {
         let before = kafka.storage().dispatched();
         let (storage, streams, w) = (kafka.storage().clone(), kafka.appender.streams().clone(), wanted.clone());
-        let c = committed.clone();
-        let read = tokio::task::spawn_blocking(move || read_all(&storage, &streams, &w, max_bytes, c.as_deref())).await;
+        let (c, a) = (committed.clone(), acl.clone());
+        let read = tokio::task::spawn_blocking(move || {
+            read_all(&storage, &streams, &w, max_bytes, c.as_deref(), a.as_deref())
+        })
+        .await;
         let (topics, bytes, queues, missing) = match read {
             Ok(r) => r,
             Err(e) => {
@@ -110,6 +150,7 @@ fn read_all(
     wanted: &[(TopicName, Vec<FetchPartition>)],
     max_bytes: usize,
     committed: Option<&Transactions>,
+    acl: Option<&ReadAcl>,
 ) -> (Vec<FetchableTopicResponse>, usize, Vec<QueueId>, bool) {
     let mut total = 0usize;
     let mut queues = Vec::new();
@@ -117,10 +158,20 @@ fn read_all(
     let mut out = Vec::with_capacity(wanted.len());
     for (name, parts) in wanted {
         let mut t = FetchableTopicResponse::default().with_topic(name.clone());
+        let reach = acl.map_or(Reach::All, |a| a.reach(name.as_str()));
         for p in parts {
+            if reach == Reach::None {
+                let denied = PartitionData::default()
+                    .with_partition_index(p.partition)
+                    .with_error_code(ResponseError::TopicAuthorizationFailed.code());
+                t.partitions.push(denied);
+                continue;
+            }
+            let check = if reach == Reach::Some { acl } else { None };
             let budget = usize::try_from(p.partition_max_bytes).unwrap_or(0).min(max_bytes.saturating_sub(total));
             // The first data of the response may exceed every limit (one record at least).
-            let (data, n, queue) = read_partition(storage, streams, name.as_str(), p, budget, total == 0, committed);
+            let read = Read { budget, first: total == 0, committed, acl: check };
+            let (data, n, queue) = read_partition(storage, streams, name.as_str(), p, read);
             total += n;
             match queue {
                 Some(q) => queues.push(q),
@@ -133,15 +184,26 @@ fn read_all(
     (out, total, queues, missing)
 }
 
+/// How one partition is read.
+struct Read<'a> {
+    /// Record bytes wanted at most.
+    budget: usize,
+    /// The response's first partition with data: one record at least, however large.
+    first: bool,
+    /// Read committed, with the transactions' state.
+    committed: Option<&'a Transactions>,
+    /// Check each record's MQTT topic (`None`: the client may read the whole topic).
+    acl: Option<&'a ReadAcl>,
+}
+
 fn read_partition(
     storage: &Storage,
     streams: &Streams,
     topic: &str,
     p: &FetchPartition,
-    budget: usize,
-    first: bool,
-    committed: Option<&Transactions>,
+    read: Read<'_>,
 ) -> (PartitionData, usize, Option<QueueId>) {
+    let Read { budget, first, committed, acl } = read;
     let mut data = PartitionData::default().with_partition_index(p.partition);
     let fail = |mut d: PartitionData, code: i16| {
         d.error_code = code;
@@ -201,6 +263,9 @@ fn read_partition(
     let mut group_meta = BatchMeta::default();
     let mut at = Offset(p.fetch_offset as u64);
     let mut bytes = 0usize;
+    // Offsets looked at: the first, and the last (included or left out).
+    let mut scanned: Option<(i64, i64)> = None;
+    let mut skipped_bytes = 0usize;
     'read: while at < end {
         let entries = match storage.read_index(id, at, STEP) {
             Ok(e) => e,
@@ -209,13 +274,28 @@ fn read_partition(
         let Some((last, _)) = entries.last() else { break };
         at = last.next();
         for (offset, entry) in entries {
+            if offset >= end {
+                break 'read;
+            }
             // Over the budget: stop, unless this is the response's very first record.
             if bytes + entry.size as usize > budget && (bytes > 0 || !first) {
                 break 'read;
             }
+            if skipped_bytes > MAX_SKIPPED_BYTES {
+                break 'read; // covered so far; the consumer asks again from there
+            }
+            let o = offset.get() as i64;
             let record = match storage.read_record(&entry) {
-                Ok(r) => r,
-                Err(e) if e.kind() == ErrorKind::Expired => continue,
+                Ok(r) if acl.is_none_or(|a| a.allows(&r)) => r,
+                Ok(_) => {
+                    skipped_bytes += entry.size as usize;
+                    scanned = Some((scanned.map_or(o, |s| s.0), o));
+                    continue;
+                }
+                Err(e) if e.kind() == ErrorKind::Expired => {
+                    scanned = Some((scanned.map_or(o, |s| s.0), o));
+                    continue;
+                }
                 Err(e) => {
                     if bytes > 0 {
                         break 'read; // answer what was read; the next fetch meets the error
@@ -223,6 +303,7 @@ fn read_partition(
                     return fail(data, storage_error(&e));
                 }
             };
+            scanned = Some((scanned.map_or(o, |s| s.0), o));
             bytes += entry.size as usize;
             let (meta, rec) = records::fetched(offset.get(), record);
             if !group.is_empty() && !records::same_batch(&group_meta, &meta, group.len()) {
@@ -235,8 +316,12 @@ fn read_partition(
             group.push(rec);
         }
     }
-    if !group.is_empty() {
-        batch::encode(&mut out, group_meta, &group);
+    // The last batch reaches over what was left out after it; with nothing readable at all,
+    // an empty batch covers what was looked at.
+    match (group.first(), scanned) {
+        (Some(head), Some((_, last))) => batch::encode_range(&mut out, group_meta, head.offset, last, &group),
+        (None, Some((first, last))) => batch::encode_range(&mut out, BatchMeta::default(), first, last, &[]),
+        _ => {}
     }
     let n = out.len();
     data.records = Some(out.freeze());

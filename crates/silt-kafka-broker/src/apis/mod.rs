@@ -9,6 +9,7 @@ mod produce;
 mod topics;
 mod txn;
 
+use silt_auth::{Access, Reach};
 use silt_kafka::codec::{Body, Request};
 use silt_kafka::kafka_protocol::ResponseError;
 use silt_kafka::kafka_protocol::messages::{RequestKind, ResponseKind};
@@ -30,34 +31,66 @@ fn respond(body: ResponseKind) -> Outcome {
     Outcome::Respond(Box::new(body))
 }
 
+/// The ApiVersions answer, with `error_code` (0, or UNSUPPORTED_VERSION).
+pub fn api_versions(error_code: i16) -> Outcome {
+    respond(ResponseKind::ApiVersions(silt_kafka::versions::api_versions(error_code)))
+}
+
 /// Who sent a request.
 pub struct Ctx {
     pub peer: std::net::SocketAddr,
     pub client_id: String,
+    /// The authenticated user; `None`: anonymous.
+    pub user: Option<String>,
+    /// Whether it came by the TLS listener (Metadata names that listener's address).
+    pub tls: bool,
+}
+
+impl Ctx {
+    /// How much of `topic` this client may read or write (the MQTT topic rules of its user).
+    pub fn reach(&self, kafka: &Kafka, access: Access, topic: &str) -> Reach {
+        kafka.auth.reach(self.user.as_deref(), &self.client_id, access, topic)
+    }
+
+    /// May this client read or write the MQTT topic `mqtt_topic`?
+    pub fn may(&self, kafka: &Kafka, access: Access, mqtt_topic: &str) -> bool {
+        kafka.auth.allows_topic(self.user.as_deref(), &self.client_id, access, mqtt_topic)
+    }
+
+    /// May it see that `topic` exists (read or write some of it)?
+    pub fn may_describe(&self, kafka: &Kafka, topic: &str) -> bool {
+        self.reach(kafka, Access::Read, topic) != Reach::None || self.reach(kafka, Access::Write, topic) != Reach::None
+    }
+
+    pub fn may_use_group(&self, kafka: &Kafka, group: &str) -> bool {
+        kafka.auth.allows_group(self.user.as_deref(), group)
+    }
+
+    pub fn may_use_transactional_id(&self, kafka: &Kafka, id: &str) -> bool {
+        kafka.auth.allows_transactional_id(self.user.as_deref(), id)
+    }
 }
 
 /// Serves one request.
 pub async fn handle(kafka: &Kafka, ctx: &Ctx, req: Request) -> Outcome {
     let version = req.version;
     let body = match req.body {
-        Body::UnsupportedApiVersions => {
-            return respond(ResponseKind::ApiVersions(silt_kafka::versions::api_versions(
-                ResponseError::UnsupportedVersion.code(),
-            )));
-        }
+        Body::UnsupportedApiVersions => return api_versions(ResponseError::UnsupportedVersion.code()),
         Body::Decoded(b) => *b,
     };
     match body {
-        RequestKind::ApiVersions(_) => respond(ResponseKind::ApiVersions(silt_kafka::versions::api_versions(0))),
-        RequestKind::Metadata(r) => respond(ResponseKind::Metadata(metadata::metadata(kafka, r).await)),
-        RequestKind::Produce(r) => produce::produce(kafka, r).await,
-        RequestKind::Fetch(r) => respond(ResponseKind::Fetch(fetch::fetch(kafka, r, version).await)),
-        RequestKind::ListOffsets(r) => respond(ResponseKind::ListOffsets(offsets::list_offsets(kafka, r).await)),
-        RequestKind::CreateTopics(r) => respond(ResponseKind::CreateTopics(topics::create(kafka, r).await)),
-        RequestKind::DeleteTopics(r) => respond(ResponseKind::DeleteTopics(topics::delete(kafka, r).await)),
-        RequestKind::DescribeConfigs(r) => respond(ResponseKind::DescribeConfigs(topics::describe_configs(kafka, r))),
+        RequestKind::ApiVersions(_) => api_versions(0),
+        RequestKind::Metadata(r) => respond(ResponseKind::Metadata(metadata::metadata(kafka, ctx, r).await)),
+        RequestKind::Produce(r) => produce::produce(kafka, ctx, r).await,
+        RequestKind::Fetch(r) => respond(ResponseKind::Fetch(fetch::fetch(kafka, ctx, r, version).await)),
+        RequestKind::ListOffsets(r) => respond(ResponseKind::ListOffsets(offsets::list_offsets(kafka, ctx, r).await)),
+        RequestKind::CreateTopics(r) => respond(ResponseKind::CreateTopics(topics::create(kafka, ctx, r).await)),
+        RequestKind::DeleteTopics(r) => respond(ResponseKind::DeleteTopics(topics::delete(kafka, ctx, r).await)),
+        RequestKind::DescribeConfigs(r) => {
+            respond(ResponseKind::DescribeConfigs(topics::describe_configs(kafka, ctx, r)))
+        }
         RequestKind::FindCoordinator(r) => {
-            respond(ResponseKind::FindCoordinator(metadata::find_coordinator(kafka, r, version)))
+            respond(ResponseKind::FindCoordinator(metadata::find_coordinator(kafka, ctx, r, version)))
         }
         body @ (RequestKind::JoinGroup(_)
         | RequestKind::SyncGroup(_)
@@ -69,16 +102,18 @@ pub async fn handle(kafka: &Kafka, ctx: &Ctx, req: Request) -> Outcome {
         | RequestKind::ListGroups(_)
         | RequestKind::DeleteGroups(_)) => groups::handle(kafka, ctx, version, body).await,
         RequestKind::InitProducerId(r) => {
-            respond(ResponseKind::InitProducerId(txn::init_producer_id(kafka, r, version).await))
+            respond(ResponseKind::InitProducerId(txn::init_producer_id(kafka, ctx, r, version).await))
         }
         RequestKind::AddPartitionsToTxn(r) => {
-            respond(ResponseKind::AddPartitionsToTxn(txn::add_partitions(kafka, r, version).await))
+            respond(ResponseKind::AddPartitionsToTxn(txn::add_partitions(kafka, ctx, r, version).await))
         }
-        RequestKind::AddOffsetsToTxn(r) => respond(ResponseKind::AddOffsetsToTxn(txn::add_offsets(kafka, r).await)),
+        RequestKind::AddOffsetsToTxn(r) => {
+            respond(ResponseKind::AddOffsetsToTxn(txn::add_offsets(kafka, ctx, r).await))
+        }
         RequestKind::TxnOffsetCommit(r) => {
-            respond(ResponseKind::TxnOffsetCommit(txn::txn_offset_commit(kafka, r).await))
+            respond(ResponseKind::TxnOffsetCommit(txn::txn_offset_commit(kafka, ctx, r).await))
         }
-        RequestKind::EndTxn(r) => respond(ResponseKind::EndTxn(txn::end_txn(kafka, r).await)),
+        RequestKind::EndTxn(r) => respond(ResponseKind::EndTxn(txn::end_txn(kafka, ctx, r).await)),
         other => Outcome::Close(format!("{:?} is not served", std::mem::discriminant(&other))),
     }
 }

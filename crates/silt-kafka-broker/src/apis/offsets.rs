@@ -1,6 +1,7 @@
 //! ListOffsets: the earliest offset (-2: the log start, moved by retention), the latest (-1:
 //! the high watermark), the one with the largest timestamp (-3), or the first at or after a
-//! time. Offsets are the partition queue's; a partition with nothing yet answers 0.
+//! time. Offsets are the partition queue's; a partition with nothing yet answers 0. A topic
+//! the client may read none of is TOPIC_AUTHORIZATION_FAILED.
 
 use silt_dataset::Streams;
 use silt_kafka::kafka_protocol::ResponseError;
@@ -11,23 +12,34 @@ use silt_kafka::kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsRespon
 use silt_storage::{QueueName, Storage};
 use silt_types::{Offset, Partition, Timestamp};
 
-use super::storage_error;
+use super::{Ctx, storage_error};
 use crate::node::Kafka;
 
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
 
-pub async fn list_offsets(kafka: &Kafka, req: ListOffsetsRequest) -> ListOffsetsResponse {
+pub async fn list_offsets(kafka: &Kafka, ctx: &Ctx, req: ListOffsetsRequest) -> ListOffsetsResponse {
     let (storage, streams) = (kafka.storage().clone(), kafka.appender.streams().clone());
+    let readable: Vec<bool> = req
+        .topics
+        .iter()
+        .map(|t| ctx.reach(kafka, silt_auth::Access::Read, t.name.as_str()) != silt_auth::Reach::None)
+        .collect();
     let answered = tokio::task::spawn_blocking(move || {
         req.topics
             .into_iter()
-            .map(|t| {
+            .zip(readable)
+            .map(|(t, readable)| {
                 let parts = t
                     .partitions
                     .iter()
-                    .map(|p| one(&storage, &streams, t.name.as_str(), p.partition_index, p.timestamp))
+                    .map(|p| match readable {
+                        true => one(&storage, &streams, t.name.as_str(), p.partition_index, p.timestamp),
+                        false => ListOffsetsPartitionResponse::default()
+                            .with_partition_index(p.partition_index)
+                            .with_error_code(ResponseError::TopicAuthorizationFailed.code()),
+                    })
                     .collect();
                 ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(parts)
             })

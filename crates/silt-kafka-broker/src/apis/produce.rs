@@ -11,17 +11,25 @@
 //! the offset of the batch it repeats and not written again; a gap is
 //! OUT_OF_ORDER_SEQUENCE_NUMBER. A transactional batch needs its partition added to the
 //! producer's open transaction; its records are the Kafka view's only (no MQTT topic).
+//!
+//! ACLs: each record is written to the MQTT topic its key names (see `silt_dataset::rule`),
+//! so a client needs write access to it, as an MQTT publisher would. A topic it may write none
+//! of is refused before anything is decoded (and never auto-created); a partition's batch
+//! with one record it may not write is refused whole: TOPIC_AUTHORIZATION_FAILED, nothing of
+//! it written. A transactional produce needs the transactional id.
 
 use std::time::Duration;
 
-use silt_dataset::{AckFuture, Assign, attrs};
+use silt_dataset::{AckFuture, Assign, attrs, rule};
 use silt_kafka::kafka_protocol::ResponseError;
 use silt_kafka::kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use silt_kafka::kafka_protocol::messages::{ProduceRequest, ProduceResponse, ResponseKind, TopicName};
 use silt_kafka::kafka_protocol::protocol::StrBytes;
 use silt_kafka::producer::{At, Check};
 
-use super::{Outcome, offset_of, respond, storage_error};
+use silt_auth::{Access, Reach};
+
+use super::{Ctx, Outcome, offset_of, respond, storage_error};
 use crate::node::Kafka;
 use crate::records::{self, ProduceError, ProducedBatch};
 
@@ -39,9 +47,17 @@ enum Slot {
     Appended { ack: AckFuture, batches: Vec<ProducedBatch> },
 }
 
-pub async fn produce(kafka: &Kafka, req: ProduceRequest) -> Outcome {
-    if !(-1..=1).contains(&req.acks) {
-        let code = ResponseError::InvalidRequiredAcks.code();
+pub async fn produce(kafka: &Kafka, ctx: &Ctx, req: ProduceRequest) -> Outcome {
+    let txn_id = req.transactional_id.as_ref().map(|t| t.0.as_str().to_owned());
+    let refusal = if !(-1..=1).contains(&req.acks) {
+        Some(ResponseError::InvalidRequiredAcks)
+    } else if txn_id.as_deref().is_some_and(|id| !ctx.may_use_transactional_id(kafka, id)) {
+        Some(ResponseError::TransactionalIdAuthorizationFailed)
+    } else {
+        None
+    };
+    if let Some(refusal) = refusal {
+        let code = refusal.code();
         let responses = req
             .topic_data
             .into_iter()
@@ -54,11 +70,16 @@ pub async fn produce(kafka: &Kafka, req: ProduceRequest) -> Outcome {
     }
     let acked = req.acks != 0;
     let timeout = Duration::from_millis(u64::try_from(req.timeout_ms).unwrap_or(0).clamp(1, 300_000));
-    let txn_id = req.transactional_id.as_ref().map(|t| t.0.as_str().to_owned());
     // Submit every partition's batch first (in order), then wait for them together.
     let mut pending: Vec<(TopicName, i32, Slot)> = Vec::new();
     for t in req.topic_data {
-        let meta = kafka.topic(t.name.as_str(), true).await;
+        let reach = ctx.reach(kafka, Access::Write, t.name.as_str());
+        let meta = match reach {
+            Reach::None if rule::kafka_topic_error(t.name.as_str()).is_none() => {
+                Err(ResponseError::TopicAuthorizationFailed.code())
+            }
+            _ => kafka.topic(t.name.as_str(), true).await,
+        };
         for p in t.partition_data {
             let slot = match &meta {
                 Err(code) => Slot::Answered(refused(p.index, *code, None)),
@@ -67,7 +88,9 @@ pub async fn produce(kafka: &Kafka, req: ProduceRequest) -> Outcome {
                 }
                 Ok(_) => {
                     let raw = p.records.clone().unwrap_or_default();
-                    partition(kafka, t.name.as_str(), p.index, &raw, txn_id.as_deref(), acked).await
+                    let check = (reach == Reach::Some).then_some(ctx);
+                    let at = (t.name.as_str(), p.index);
+                    partition(kafka, check, at, &raw, txn_id.as_deref(), acked).await
                 }
             };
             pending.push((t.name.clone(), p.index, slot));
@@ -102,8 +125,16 @@ pub async fn produce(kafka: &Kafka, req: ProduceRequest) -> Outcome {
     respond(ResponseKind::Produce(ProduceResponse::default().with_responses(topics)))
 }
 
-/// Decodes, checks and submits one partition's batches.
-async fn partition(kafka: &Kafka, topic: &str, index: i32, raw: &bytes::Bytes, txn: Option<&str>, acked: bool) -> Slot {
+/// Decodes, checks and submits one partition's batches; `acl`: the client whose write access
+/// each record's MQTT topic needs (`None`: it may write the whole topic).
+async fn partition(
+    kafka: &Kafka,
+    acl: Option<&Ctx>,
+    (topic, index): (&str, i32),
+    raw: &bytes::Bytes,
+    txn: Option<&str>,
+    acked: bool,
+) -> Slot {
     let cfg = &kafka.config;
     let produced = match records::decode(topic, index as u32, raw, cfg.max_message_bytes, cfg.max_inflated_bytes) {
         Ok(p) if p.records.is_empty() => {
@@ -120,6 +151,12 @@ async fn partition(kafka: &Kafka, topic: &str, index: i32, raw: &bytes::Bytes, t
         }
     };
     let mut records = produced.records;
+    if let Some(ctx) = acl
+        && let Some(r) = records.iter().find(|r| !ctx.may(kafka, Access::Write, &r.topic))
+    {
+        let why = format!("not authorized to write MQTT topic {:?}", silt_types::log_limit::prefix(&r.topic));
+        return Slot::Answered(refused(index, ResponseError::TopicAuthorizationFailed.code(), Some(why)));
+    }
     for b in &produced.batches {
         if b.producer_id < 0 {
             if b.transactional {

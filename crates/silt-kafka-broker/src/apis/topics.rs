@@ -4,6 +4,9 @@
 //! same name starts at offset 0); the records stay in the log for the MQTT topics they belong
 //! to. DescribeConfigs reports the settings clients look for (`message.max.bytes` and the
 //! retention the topic's policy gives).
+//!
+//! ACLs: creating or deleting a topic needs write access to all of it (every MQTT topic
+//! under its name); describing one, read or write access to some of it.
 
 use silt_kafka::kafka_protocol::ResponseError;
 use silt_kafka::kafka_protocol::messages::create_topics_response::CreatableTopicResult;
@@ -17,14 +20,16 @@ use silt_kafka::kafka_protocol::messages::{
 };
 use silt_kafka::kafka_protocol::protocol::StrBytes;
 
-use super::storage_error;
+use silt_auth::{Access, Reach};
+
+use super::{Ctx, storage_error};
 use crate::node::Kafka;
 
 /// DescribeConfigs resource types.
 const TOPIC: i8 = 2;
 const BROKER: i8 = 4;
 
-pub async fn create(kafka: &Kafka, req: CreateTopicsRequest) -> CreateTopicsResponse {
+pub async fn create(kafka: &Kafka, ctx: &Ctx, req: CreateTopicsRequest) -> CreateTopicsResponse {
     let mut topics = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let mut r = CreatableTopicResult::default().with_name(t.name.clone());
@@ -32,6 +37,8 @@ pub async fn create(kafka: &Kafka, req: CreateTopicsRequest) -> CreateTopicsResp
         let code = if let Some(why) = silt_dataset::rule::kafka_topic_error(name) {
             r.error_message = Some(StrBytes::from_static_str(why));
             ResponseError::InvalidTopicException.code()
+        } else if ctx.reach(kafka, Access::Write, name) != Reach::All {
+            ResponseError::TopicAuthorizationFailed.code()
         } else if !matches!(t.replication_factor, -1 | 1) {
             ResponseError::InvalidReplicationFactor.code()
         } else if t.num_partitions == 0
@@ -62,7 +69,7 @@ pub async fn create(kafka: &Kafka, req: CreateTopicsRequest) -> CreateTopicsResp
     CreateTopicsResponse::default().with_topics(topics)
 }
 
-pub async fn delete(kafka: &Kafka, req: DeleteTopicsRequest) -> DeleteTopicsResponse {
+pub async fn delete(kafka: &Kafka, ctx: &Ctx, req: DeleteTopicsRequest) -> DeleteTopicsResponse {
     // v0-5 name topics in `topic_names`; v6+ in `topics`.
     let names: Vec<TopicName> = if req.topic_names.is_empty() {
         req.topics.into_iter().filter_map(|t| t.name).collect()
@@ -73,6 +80,8 @@ pub async fn delete(kafka: &Kafka, req: DeleteTopicsRequest) -> DeleteTopicsResp
     for name in names {
         let code = if silt_dataset::rule::kafka_topic_error(name.as_str()).is_some() {
             ResponseError::UnknownTopicOrPartition.code()
+        } else if ctx.reach(kafka, Access::Write, name.as_str()) != Reach::All {
+            ResponseError::TopicAuthorizationFailed.code()
         } else {
             match kafka.appender.delete_stream(name.as_str()).await {
                 Ok(true) => {
@@ -88,7 +97,7 @@ pub async fn delete(kafka: &Kafka, req: DeleteTopicsRequest) -> DeleteTopicsResp
     DeleteTopicsResponse::default().with_responses(responses)
 }
 
-pub fn describe_configs(kafka: &Kafka, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
+pub fn describe_configs(kafka: &Kafka, ctx: &Ctx, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
     let max_message = kafka.config.max_message_bytes.to_string();
     let results = req
         .resources
@@ -98,6 +107,10 @@ pub fn describe_configs(kafka: &Kafka, req: DescribeConfigsRequest) -> DescribeC
                 .with_resource_type(res.resource_type)
                 .with_resource_name(res.resource_name.clone());
             let entries: Vec<(&str, String)> = match res.resource_type {
+                TOPIC if !ctx.may_describe(kafka, res.resource_name.as_str()) => {
+                    r.error_code = ResponseError::TopicAuthorizationFailed.code();
+                    Vec::new()
+                }
                 TOPIC if kafka.appender.streams().get(res.resource_name.as_str()).is_none() => {
                     r.error_code = ResponseError::UnknownTopicOrPartition.code();
                     Vec::new()
