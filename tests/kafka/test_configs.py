@@ -47,18 +47,14 @@ def test_broker_and_topic_configs_say_what_the_config_file_does(kafka):
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
     ka = KafkaAdminClient(bootstrap_servers=b)
     kafka.on_cleanup(ka.close)
-    # (Its default filter, "modified", leaves out what the broker reports as DEFAULT_CONFIG.)
+    # (Its default filter, "modified", shows dynamically altered configs only; Silt's come from
+    # its config file, STATIC_BROKER_CONFIG.)
     got = ka.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "conf")], config_filter="all")
+    assert got["topic"]["conf"]["max.message.bytes"]["config_source"] == "STATIC_BROKER_CONFIG", got
     entry = got["topic"]["conf"].get("max.message.bytes")
     assert entry is not None and entry["value"] == str(1 << 20), got
 
 
-RETENTION_BUG = ("silt-kafka-broker apis/topics.rs describe_configs(): a topic's entries are message.max.bytes, "
-                 "max.message.bytes, cleanup.policy and min.insync.replicas only; no retention.ms or "
-                 "retention.bytes from the topic's policy, though the module docs say DescribeConfigs reports it")
-
-
-@pytest.mark.xfail(strict=True, reason=RETENTION_BUG)
 def test_a_topics_retention_policy_is_reported(kafka):
     node = kafka.node(config=kafka.config(topics=[{"match": "kept/#", "retention_ms": 604800000,
                                                    "retention_bytes": 1 << 30}]))
@@ -66,3 +62,5 @@ def test_a_topics_retention_policy_is_reported(kafka):
     topic = configs(node.bootstrap, "topic", "kept")
     assert topic.get("retention.ms") == "604800000", topic
     assert topic.get("retention.bytes") == str(1 << 30), topic
+    CLIENTS["confluent"].produce(node.bootstrap, [("forever", 0, Rec(b"k", b"v"))])
+    assert configs(node.bootstrap, "topic", "forever").get("retention.ms") == "-1", "no limit, in Kafka's words"

@@ -27,7 +27,12 @@ pub struct Kafka {
     pub auth: Arc<silt_auth::Auth>,
     advertised: OnceLock<(String, u16)>,
     advertised_tls: OnceLock<(String, u16)>,
+    topic_configs: OnceLock<TopicConfigs>,
 }
+
+/// The `(key, value)` topic configs a topic's policy gives (`retention.ms`, ...), for
+/// DescribeConfigs; set by whoever owns the policies.
+pub type TopicConfigs = Box<dyn Fn(&str) -> Vec<(&'static str, String)> + Send + Sync>;
 
 impl Kafka {
     /// Recovers the Kafka view's state from the log (blocking: call it before a runtime
@@ -51,6 +56,7 @@ impl Kafka {
             auth,
             advertised: OnceLock::new(),
             advertised_tls: OnceLock::new(),
+            topic_configs: OnceLock::new(),
         }))
     }
 
@@ -107,6 +113,16 @@ impl Kafka {
 
     pub fn storage(&self) -> &Arc<Storage> {
         self.appender.storage()
+    }
+
+    /// Says where a topic's policy configs come from (once).
+    pub fn set_topic_configs(&self, f: TopicConfigs) {
+        let _ = self.topic_configs.set(f);
+    }
+
+    /// The configs a topic's policy gives.
+    pub fn topic_configs(&self, topic: &str) -> Vec<(&'static str, String)> {
+        self.topic_configs.get().map(|f| f(topic)).unwrap_or_default()
     }
 
     /// Sets the address Metadata names, from `kafka.advertised` or else the bound address.

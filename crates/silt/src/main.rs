@@ -171,6 +171,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    if let Some(k) = &kafka_node {
+        let policies = tiering.policies();
+        // Kafka's spelling: -1 is "no limit" where the policy says 0.
+        let limit = |v: u64| if v == 0 { "-1".to_string() } else { v.to_string() };
+        k.set_topic_configs(Box::new(move |topic| {
+            let p = policies.for_topic(topic);
+            vec![("retention.ms", limit(p.retention_ms)), ("retention.bytes", limit(p.retention_bytes))]
+        }));
+    }
     tiered::wire(&broker, kafka_node.as_ref(), &tiering, rt.handle().clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);

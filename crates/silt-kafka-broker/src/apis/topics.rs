@@ -115,12 +115,16 @@ pub fn describe_configs(kafka: &Kafka, ctx: &Ctx, req: DescribeConfigsRequest) -
                     r.error_code = ResponseError::UnknownTopicOrPartition.code();
                     Vec::new()
                 }
-                TOPIC => vec![
-                    ("message.max.bytes", max_message.clone()),
-                    ("max.message.bytes", max_message.clone()),
-                    ("cleanup.policy", "delete".into()),
-                    ("min.insync.replicas", "1".into()),
-                ],
+                TOPIC => {
+                    let mut v = vec![
+                        ("message.max.bytes", max_message.clone()),
+                        ("max.message.bytes", max_message.clone()),
+                        ("cleanup.policy", "delete".into()),
+                        ("min.insync.replicas", "1".into()),
+                    ];
+                    v.extend(kafka.topic_configs(res.resource_name.as_str()));
+                    v
+                }
                 BROKER => vec![
                     ("message.max.bytes", max_message.clone()),
                     ("auto.create.topics.enable", kafka.config.auto_create_topics.to_string()),
@@ -140,7 +144,7 @@ pub fn describe_configs(kafka: &Kafka, ctx: &Ctx, req: DescribeConfigsRequest) -
                         .with_name(StrBytes::from_static_str(k))
                         .with_value(Some(StrBytes::from_string(v)))
                         .with_read_only(true)
-                        .with_config_source(5) // DEFAULT_CONFIG
+                        .with_config_source(4) // STATIC_BROKER_CONFIG: the config file, or its defaults
                 })
                 .collect();
             r
