@@ -311,3 +311,35 @@ fn list_groups_reports_states_and_filters_by_them() {
     assert_eq!(v0.len(), 2);
     assert_eq!(v0[0].2, "", "no state before v4");
 }
+
+/// A committed transaction's offsets land whatever the group's generation is now (they were
+/// checked when staged), durably before the answer, and create a group that is gone.
+#[test]
+fn a_transactions_offsets_apply_to_a_stable_group_and_to_one_that_does_not_exist() {
+    let mut w = World::new();
+    let mut cs = [Consumer::new("c")];
+    w.form(&mut cs);
+    assert_eq!(w.commit(8, &simple(&[("t", 0, 5)])), [code(ResponseError::UnknownMemberId)], "a plain one is refused");
+    w.hold_persists = true;
+    let t = w.token(ApiKey::OffsetCommit, 8);
+    let r = simple(&[("t", 0, 7), ("t", 1, 9)]);
+    w.c.handle_transaction_offsets(w.now, t, &r);
+    w.run();
+    assert!(!w.answered(t), "not before the records are durable");
+    assert_eq!(w.committed("t", 0), -1);
+    w.persist_all();
+    assert_eq!(w.commit_codes(t), Some(vec![0, 0]));
+    assert_eq!((w.committed("t", 0), w.committed("t", 1)), (7, 9));
+    assert_eq!(w.state(), "Stable", "the members are untouched");
+    // A group that does not exist (deleted meanwhile) is created for them.
+    let other = simple(&[("u", 0, 3)]).with_group_id(GroupId(s("elsewhere")));
+    let t = w.token(ApiKey::OffsetCommit, 8);
+    w.c.handle_transaction_offsets(w.now, t, &other);
+    w.run();
+    w.persist_all();
+    assert_eq!(w.commit_codes(t), Some(vec![0]));
+    let fetched = w
+        .c
+        .handle_offset_fetch(7, &wire(&fetch_request(Some(&[("u", &[0])])).with_group_id(GroupId(s("elsewhere"))), 7));
+    assert_eq!(fetched.topics[0].partitions[0].committed_offset, 3);
+}
