@@ -249,6 +249,42 @@ mod tests {
         ));
     }
 
+    /// A RecordBatch v2 holding `records` (already encoded), claiming `count` records, with
+    /// its length and CRC right.
+    fn raw_batch(count: i32, records: &[u8]) -> Bytes {
+        let mut b = BytesMut::new();
+        b.extend_from_slice(&0i64.to_be_bytes()); // base offset
+        b.extend_from_slice(&((49 + records.len()) as i32).to_be_bytes()); // batch length
+        b.extend_from_slice(&0i32.to_be_bytes()); // partition leader epoch
+        b.extend_from_slice(&[2]); // magic
+        b.extend_from_slice(&[0; 4]); // CRC, below
+        b.extend_from_slice(&0i16.to_be_bytes()); // attributes
+        b.extend_from_slice(&0i32.to_be_bytes()); // last offset delta
+        b.extend_from_slice(&0i64.to_be_bytes()); // base timestamp
+        b.extend_from_slice(&0i64.to_be_bytes()); // max timestamp
+        b.extend_from_slice(&(-1i64).to_be_bytes()); // producer id
+        b.extend_from_slice(&(-1i16).to_be_bytes()); // producer epoch
+        b.extend_from_slice(&(-1i32).to_be_bytes()); // base sequence
+        b.extend_from_slice(&count.to_be_bytes());
+        b.extend_from_slice(records);
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        b.freeze()
+    }
+
+    #[test]
+    fn counts_a_batch_cannot_hold_are_refused_without_allocating_for_them() {
+        // A batch of 61 bytes claiming 2,147,483,647 records: decoded as counted, it reserved
+        // ~300 GB up front and aborted the process.
+        let err = decode("t", 0, &raw_batch(i32::MAX, &[]), 1 << 20, 1 << 20).unwrap_err();
+        assert!(matches!(err, ProduceError::Corrupt(_)), "{err:?}");
+        // One record (attributes, timestamp and offset deltas 0, null key and value) claiming
+        // 2,147,483,647 headers (varint, zigzag): the same, for its header map.
+        let record = [0x14, 0, 0, 0, 0x01, 0x01, 0xfe, 0xff, 0xff, 0xff, 0x0f];
+        let err = decode("t", 0, &raw_batch(1, &record), 1 << 20, 1 << 20).unwrap_err();
+        assert!(matches!(err, ProduceError::Corrupt(_)), "{err:?}");
+    }
+
     #[test]
     fn a_retain_header_asks_for_mqtt_retention_and_is_not_kept() {
         let mut r = kafka_record(Some("status/door"), Some(b"open"));

@@ -192,6 +192,18 @@ mod tests {
     }
 
     #[test]
+    fn an_array_count_the_frame_cannot_hold_is_refused_without_allocating_for_it() {
+        // Metadata v9 (flexible): header v2 with a null client id and no tagged fields, then a
+        // topics array whose varint count claims 4,294,967,294 entries in a frame that holds
+        // none. Decoded as counted, it asked for ~300 GB up front and aborted the process.
+        let frame = Bytes::from_static(&[0, 3, 0, 9, 0, 0, 0, 1, 0xff, 0xff, 0, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+        assert!(matches!(decode_request(frame), Err(FrameError::Malformed { what: "request body", .. })));
+        // The same with a non-flexible version (Metadata v1: header v1, an i32 count).
+        let frame = Bytes::from_static(&[0, 3, 0, 1, 0, 0, 0, 1, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff]);
+        assert!(matches!(decode_request(frame), Err(FrameError::Malformed { what: "request body", .. })));
+    }
+
+    #[test]
     fn api_versions_responses_use_header_v0_even_when_flexible() {
         let body = ResponseKind::ApiVersions(versions::api_versions(0));
         let bytes = encode_response(ApiKey::ApiVersions, 3, 42, &body).unwrap();

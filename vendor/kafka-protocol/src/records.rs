@@ -39,7 +39,7 @@
 //!  }
 //! ```
 use anyhow::{anyhow, bail, Result};
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use crc::{Crc, CRC_32_ISO_HDLC};
 use crc32c::crc32c;
 use indexmap::IndexMap;
@@ -514,7 +514,8 @@ impl RecordBatchDecoder {
         version: i8,
         records: &mut Vec<Record>,
     ) -> Result<()> {
-        records.reserve(batch_decode_info.record_count as usize);
+        // Silt: a record takes at least one byte (see vendor/README.md).
+        records.reserve((batch_decode_info.record_count as usize).min(buf.remaining()));
         for _ in 0..batch_decode_info.record_count {
             records.push(Record::decode_new(buf, batch_decode_info, version)?);
         }
@@ -893,7 +894,8 @@ impl Record {
         }
         let num_headers = num_headers as usize;
 
-        let mut headers = IndexMap::with_capacity(num_headers);
+        // Silt: a header takes at least one byte (see vendor/README.md).
+        let mut headers = IndexMap::with_capacity(num_headers.min(buf.remaining()));
         for _ in 0..num_headers {
             // Key len
             let key_len: i32 = types::VarInt.decode(buf)?;

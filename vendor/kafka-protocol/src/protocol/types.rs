@@ -5,7 +5,7 @@
 //!
 //! It is unnecessary to interact directly with these types for most use cases.
 use super::{Decodable, Decoder, Encodable, Encoder, NewType, StrBytes};
-use crate::protocol::buf::{ByteBuf, ByteBufMut};
+use crate::protocol::buf::{ByteBuf, ByteBufMut, NotEnoughBytesError};
 use anyhow::{bail, Result};
 use std::convert::TryFrom;
 use std::string::String as StdString;
@@ -359,6 +359,10 @@ impl Decoder<Option<StdString>> for String {
         match Int16.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
+                // Silt: the bytes must be there before they are allocated (see vendor/README.md).
+                if n as usize > buf.remaining() {
+                    return Err(NotEnoughBytesError.into());
+                }
                 let mut strbuf = vec![0; n as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
@@ -511,6 +515,10 @@ impl Decoder<Option<StdString>> for CompactString {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
+                // Silt: the bytes must be there before they are allocated (see vendor/README.md).
+                if (n - 1) as usize > buf.remaining() {
+                    return Err(NotEnoughBytesError.into());
+                }
                 let mut strbuf = vec![0; (n - 1) as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
@@ -655,6 +663,10 @@ impl Decoder<Option<Vec<u8>>> for Bytes {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
+                // Silt: the bytes must be there before they are allocated (see vendor/README.md).
+                if n as usize > buf.remaining() {
+                    return Err(NotEnoughBytesError.into());
+                }
                 let mut data = vec![0; n as usize];
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
@@ -804,6 +816,10 @@ impl Decoder<Option<Vec<u8>>> for CompactBytes {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
+                // Silt: the bytes must be there before they are allocated (see vendor/README.md).
+                if (n - 1) as usize > buf.remaining() {
+                    return Err(NotEnoughBytesError.into());
+                }
                 let mut data = vec![0; (n - 1) as usize];
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
@@ -985,7 +1001,9 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
-                let mut result = Vec::with_capacity(n as usize);
+                // Silt: every element takes at least one byte, so a count beyond the bytes left is not an
+                // allocation (see vendor/README.md).
+                let mut result = Vec::with_capacity((n as usize).min(buf.remaining()));
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1093,7 +1111,9 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
-                let mut result = Vec::with_capacity((n - 1) as usize);
+                // Silt: every element takes at least one byte, so a count beyond the bytes left is not an
+                // allocation (see vendor/README.md).
+                let mut result = Vec::with_capacity(((n - 1) as usize).min(buf.remaining()));
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }
