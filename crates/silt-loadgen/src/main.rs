@@ -1,5 +1,6 @@
-//! `silt-loadgen`: an MQTT load generator for whole-broker figures, run against Silt and a
-//! reference broker (mosquitto) in the same session by `bench/mqtt.sh`.
+//! `silt-loadgen`: a load generator for whole-broker figures, run against Silt and a reference
+//! broker in the same session: MQTT beside mosquitto (`bench/mqtt.sh`), Kafka beside Tansu and
+//! the raw disk (`scripts/bench-kafka.sh`).
 //!
 //! Modules:
 //! - `client`: a minimal MQTT client on tokio TCP and the `silt-mqtt` codec; `connect_many`.
@@ -9,6 +10,8 @@
 //! - `drain`: an offline persistent session's backlog, timed from reconnect.
 //! - `payload`, `histogram`, `procfs`: stamps, latency percentiles, `/proc` readings.
 //! - `table`: the Markdown comparison of result lines.
+//! - `kafka`: a Kafka client on the `kafka-protocol` codecs; produce, consume, produce→consume
+//!   and MQTT publish → Kafka fetch scenarios.
 //!
 //! Each scenario prints one JSON line on stdout (progress goes to stderr). Every loop is
 //! bounded in messages and time, and only loopback addresses are accepted as targets.
@@ -18,6 +21,7 @@ mod drain;
 mod flow;
 mod histogram;
 mod idle;
+mod kafka;
 mod payload;
 mod procfs;
 mod publisher;
@@ -37,11 +41,19 @@ use silt_mqtt::{ProtocolVersion, QoS};
 use crate::drain::DrainConfig;
 use crate::flow::{FlowConfig, Shape};
 use crate::idle::IdleConfig;
+use crate::kafka::client::FetchLimits;
+use crate::kafka::consume::{ReadConfig, TailConfig};
+use crate::kafka::mqtt::MqttKafkaConfig;
+use crate::kafka::produce::ProduceConfig;
 use crate::payload::Clock;
 use crate::procfs::Proc;
 
 #[derive(Parser, Debug)]
-#[command(name = "silt-loadgen", version, about = "MQTT load generator: fan-in, fan-out, idle, offline drain")]
+#[command(
+    name = "silt-loadgen",
+    version,
+    about = "Load generator: MQTT fan-in, fan-out, idle, offline drain; Kafka produce, consume, produce→consume"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -77,6 +89,51 @@ enum Command {
         #[command(flatten)]
         drain: DrainArgs,
     },
+    /// Kafka producers (acks=all by default), each its own connection: records/s, MB/s.
+    KafkaProduce {
+        #[command(flatten)]
+        target: KafkaTarget,
+        #[command(flatten)]
+        produce: ProduceArgs,
+    },
+    /// Read a Kafka topic from its earliest offsets to the latest ones seen at the start.
+    KafkaConsume {
+        #[command(flatten)]
+        target: KafkaTarget,
+        #[arg(long, default_value = "bench")]
+        topic: String,
+        #[command(flatten)]
+        fetch: FetchArgs,
+        /// Row label in the results [default: "consume from offset 0"].
+        #[arg(long)]
+        case: Option<String>,
+        /// Seconds after which the read is given up.
+        #[arg(long, default_value_t = 300.0)]
+        max_time: f64,
+    },
+    /// Kafka producers and a consumer from the latest offsets at once: consume rate and
+    /// produce→consume latency (pace the producers with --rate for latency without queueing).
+    KafkaTail {
+        #[command(flatten)]
+        target: KafkaTarget,
+        #[command(flatten)]
+        produce: ProduceArgs,
+        #[command(flatten)]
+        fetch: FetchArgs,
+        /// Seconds the consumer waits for missing records after producing ends.
+        #[arg(long, default_value_t = 5.0)]
+        grace: f64,
+    },
+    /// MQTT publishers on TOPIC/{i}/t read back by a Kafka consumer of topic TOPIC (--addr is
+    /// the Kafka listener).
+    MqttKafka {
+        #[command(flatten)]
+        target: KafkaTarget,
+        #[command(flatten)]
+        args: MqttKafkaArgs,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
     /// Print result lines (a file or stdin) as a Markdown comparison table.
     Table {
         /// The broker compared against (denominator of the ratio).
@@ -109,6 +166,98 @@ struct Target {
     /// Worker threads of the generator (1: a single-threaded runtime).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+}
+
+#[derive(Args, Debug)]
+struct KafkaTarget {
+    /// Kafka listener; only loopback addresses are accepted.
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    addr: SocketAddr,
+    /// Name of the broker in the results.
+    #[arg(long, default_value = "broker")]
+    broker: String,
+    /// PID of the broker, to read its RSS and CPU time from /proc.
+    #[arg(long)]
+    broker_pid: Option<u32>,
+    /// Worker threads of the generator (1: a single-threaded runtime).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+#[derive(Args, Debug)]
+struct ProduceArgs {
+    #[arg(long, default_value = "bench")]
+    topic: String,
+    /// Partitions the topic is created with if it does not exist.
+    #[arg(long, default_value_t = 1)]
+    partitions: i32,
+    /// Producer connections.
+    #[arg(long, default_value_t = 1)]
+    producers: usize,
+    /// Records per batch (one batch per Produce request).
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Bytes of each record's value (at least 20: the stamp).
+    #[arg(long, default_value_t = 1024)]
+    record: usize,
+    /// Produce requests in flight per producer (max.in.flight.requests.per.connection).
+    #[arg(long, default_value_t = 5)]
+    window: usize,
+    /// -1 (all), 1 or 0.
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    acks: i16,
+    /// Seconds of producing.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Records in all (0: as many as the duration allows).
+    #[arg(long, default_value_t = 0)]
+    records: u64,
+    /// Records per second over all producers (0: as fast as acknowledged).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+}
+
+#[derive(Args, Debug)]
+struct FetchArgs {
+    /// Longest a Fetch waits for data (fetch.max.wait.ms).
+    #[arg(long, default_value_t = 500)]
+    max_wait_ms: i32,
+    /// Bytes a Fetch returns per partition at most (max.partition.fetch.bytes).
+    #[arg(long, default_value_t = 1 << 20)]
+    partition_max_bytes: i32,
+    /// Bytes a Fetch returns at most (fetch.max.bytes).
+    #[arg(long, default_value_t = 50 << 20)]
+    max_bytes: i32,
+}
+
+#[derive(Args, Debug)]
+struct MqttKafkaArgs {
+    /// The broker's MQTT listener.
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    mqtt_addr: SocketAddr,
+    /// MQTT version: 3.1.1 or 5.
+    #[arg(long, default_value = "3.1.1", value_parser = parse_version)]
+    protocol: ProtocolVersion,
+    /// First level of the MQTT topics: the Kafka topic read.
+    #[arg(long, default_value = "mqttkafka")]
+    topic: String,
+    #[arg(long, default_value_t = 1)]
+    publishers: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    qos: u8,
+    #[arg(long, default_value_t = 1024)]
+    payload: usize,
+    /// Unacknowledged QoS 1 publishes per publisher.
+    #[arg(long, default_value_t = 32)]
+    window: usize,
+    /// Publishes per second over all publishers (0: as fast as acknowledged).
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds the consumer waits for missing records after publishing ends.
+    #[arg(long, default_value_t = 5.0)]
+    grace: f64,
 }
 
 #[derive(Args, Debug)]
@@ -205,6 +354,39 @@ enum Scenario {
     Flow(FlowConfig),
     Idle(IdleConfig),
     Drain(DrainConfig),
+    KafkaProduce(ProduceConfig),
+    KafkaRead(ReadConfig),
+    KafkaTail(TailConfig),
+    MqttKafka(MqttKafkaConfig),
+}
+
+fn produce_config(a: ProduceArgs) -> ProduceConfig {
+    ProduceConfig {
+        topic: a.topic,
+        partitions: a.partitions,
+        producers: a.producers,
+        batch: a.batch,
+        record: a.record,
+        window: a.window,
+        acks: a.acks,
+        duration: secs(a.duration),
+        records: a.records,
+        rate: a.rate,
+    }
+}
+
+fn fetch_limits(a: FetchArgs) -> FetchLimits {
+    FetchLimits {
+        max_wait_ms: a.max_wait_ms,
+        partition_max_bytes: a.partition_max_bytes,
+        max_bytes: a.max_bytes,
+        ..FetchLimits::default()
+    }
+}
+
+/// A Kafka target as the fields of the MQTT one (the MQTT version only matters to mqtt-kafka).
+fn kafka_target(t: KafkaTarget, version: ProtocolVersion) -> Target {
+    Target { addr: t.addr, broker: t.broker, broker_pid: t.broker_pid, protocol: version, threads: t.threads }
 }
 
 fn secs(s: f64) -> Duration {
@@ -256,6 +438,42 @@ fn main() -> ExitCode {
                 pause: secs(drain.pause),
             }),
         ),
+        Command::KafkaProduce { target, produce } => {
+            (kafka_target(target, ProtocolVersion::V3_1_1), Scenario::KafkaProduce(produce_config(produce)))
+        }
+        Command::KafkaConsume { target, topic, fetch, case, max_time } => (
+            kafka_target(target, ProtocolVersion::V3_1_1),
+            Scenario::KafkaRead(ReadConfig { topic, limits: fetch_limits(fetch), case, max_time: secs(max_time) }),
+        ),
+        Command::KafkaTail { target, produce, fetch, grace } => (
+            kafka_target(target, ProtocolVersion::V3_1_1),
+            Scenario::KafkaTail(TailConfig {
+                produce: produce_config(produce),
+                limits: fetch_limits(fetch),
+                grace: secs(grace),
+            }),
+        ),
+        Command::MqttKafka { target, args: a, fetch } => {
+            if !a.mqtt_addr.ip().is_loopback() {
+                eprintln!("silt-loadgen: refusing {}: only loopback targets are allowed", a.mqtt_addr);
+                return ExitCode::FAILURE;
+            }
+            (
+                kafka_target(target, a.protocol),
+                Scenario::MqttKafka(MqttKafkaConfig {
+                    mqtt: a.mqtt_addr,
+                    topic: a.topic,
+                    publishers: a.publishers,
+                    qos: QoS::from_u8(a.qos).unwrap_or_default(),
+                    payload: a.payload,
+                    window: a.window,
+                    rate: a.rate,
+                    duration: secs(a.duration),
+                    limits: fetch_limits(fetch),
+                    grace: secs(a.grace),
+                }),
+            )
+        }
         Command::Table { reference, subject, file } => return print_table(file, &reference, &subject),
         Command::FreePort => return free_port(),
     };
@@ -287,12 +505,22 @@ fn main() -> ExitCode {
         Scenario::Flow(c) => (if c.shape == Shape::FanIn { "fan-in" } else { "fan-out" }, c.case()),
         Scenario::Idle(c) => ("idle", format!("idle {} connections", c.connections)),
         Scenario::Drain(c) => ("drain", format!("offline drain {} QoS1", c.messages)),
+        Scenario::KafkaProduce(c) => ("kafka-produce", format!("produce {}", c.case())),
+        Scenario::KafkaRead(c) => ("kafka-consume", c.case.clone().unwrap_or_else(|| "consume from offset 0".into())),
+        Scenario::KafkaTail(c) => ("kafka-tail", format!("produce→consume {}", c.produce.case())),
+        Scenario::MqttKafka(c) => ("mqtt-kafka", c.case()),
     };
     let result = runtime.block_on(async {
         match scenario {
             Scenario::Flow(c) => flow::run(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
             Scenario::Idle(c) => idle::run(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
             Scenario::Drain(c) => drain::run(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
+            Scenario::KafkaProduce(c) => {
+                kafka::produce::run(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?))
+            }
+            Scenario::KafkaRead(c) => kafka::consume::read(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
+            Scenario::KafkaTail(c) => kafka::consume::tail(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
+            Scenario::MqttKafka(c) => kafka::mqtt::run(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
         }
     });
     // Connections still closing in the background must not hold the process.

@@ -46,10 +46,42 @@ const DRAIN: &[Figure] = &[
     ("duplicates", "/duplicates", 1.0, Better::Lower),
 ];
 
+const KAFKA_PRODUCE: &[Figure] = &[
+    ("records/s", "/records_per_s", 1.0, Better::Higher),
+    ("MB/s", "/mb_per_s", 1.0, Better::Higher),
+    ("produce p50 ms", "/ack_latency_us/p50", 1e-3, Better::Lower),
+    ("produce p99 ms", "/ack_latency_us/p99", 1e-3, Better::Lower),
+    ("errors", "/errors", 1.0, Better::Lower),
+    ("broker CPU µs/record", "/broker_cpu_us_per_record", 1.0, Better::Lower),
+];
+
+const KAFKA_CONSUME: &[Figure] = &[
+    ("records/s", "/records_per_s", 1.0, Better::Higher),
+    ("MB/s", "/mb_per_s", 1.0, Better::Higher),
+    ("missing", "/missing", 1.0, Better::Lower),
+    ("broker CPU µs/record", "/broker_cpu_us_per_record", 1.0, Better::Lower),
+];
+
+/// Produce→consume (Kafka or MQTT in, Kafka out).
+const KAFKA_TAIL: &[Figure] = &[
+    ("records/s consumed", "/records_per_s", 1.0, Better::Higher),
+    ("MB/s consumed", "/mb_per_s", 1.0, Better::Higher),
+    ("latency p50 ms", "/latency_us/p50", 1e-3, Better::Lower),
+    ("latency p99 ms", "/latency_us/p99", 1e-3, Better::Lower),
+    ("latency max ms", "/latency_us/max", 1e-3, Better::Lower),
+    ("ack p50 ms", "/ack_latency_us/p50", 1e-3, Better::Lower),
+    ("ack p99 ms", "/ack_latency_us/p99", 1e-3, Better::Lower),
+    ("lost", "/lost", 1.0, Better::Lower),
+    ("broker CPU µs/record", "/broker_cpu_us_per_record", 1.0, Better::Lower),
+];
+
 fn figures(scenario: &str) -> &'static [Figure] {
     match scenario {
         "idle" => IDLE,
         "drain" => DRAIN,
+        "kafka-produce" => KAFKA_PRODUCE,
+        "kafka-consume" => KAFKA_CONSUME,
+        "kafka-tail" | "mqtt-kafka" => KAFKA_TAIL,
         _ => FLOW,
     }
 }
@@ -149,5 +181,20 @@ mod tests {
         assert!(t.contains("| fan-in 2→1 QoS0 | lost ↓ | 0 | 0 | – |"), "{t}");
         assert!(t.contains("| idle 10 connections | connects/s ↑ | 50 | error | – |"), "{t}");
         assert!(!t.contains("PUBACK"), "{t}");
+    }
+
+    #[test]
+    fn kafka_rows_use_their_own_figures_and_a_case_one_broker_lacks_shows_dashes() {
+        let lines = [
+            r#"{"scenario":"kafka-produce","case":"produce 1p","broker":"tansu","records_per_s":100000.0,"mb_per_s":102.4,"errors":0,"ack_latency_us":{"p50":3000,"p99":9000}}"#,
+            r#"{"scenario":"kafka-produce","case":"produce 1p","broker":"silt","records_per_s":50000.0,"mb_per_s":51.2,"errors":0,"ack_latency_us":{"p50":6000,"p99":9000}}"#,
+            r#"{"scenario":"kafka-consume","case":"consume cold","broker":"silt","records_per_s":9000.0,"mb_per_s":9.3,"missing":0}"#,
+        ]
+        .join("\n");
+        let t = render(&lines, "tansu", "silt");
+        assert!(t.contains("| produce 1p | records/s ↑ | 100,000 | 50,000 | 0.50 |"), "{t}");
+        assert!(t.contains("| produce 1p | produce p50 ms ↓ | 3 | 6 | 2.00 |"), "{t}");
+        assert!(t.contains("| consume cold | MB/s ↑ | – | 9.30 | – |"), "{t}");
+        assert!(!t.contains("deliveries/s"), "{t}");
     }
 }
