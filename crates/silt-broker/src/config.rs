@@ -78,6 +78,12 @@ impl Default for MqttConfig {
 }
 
 impl MqttConfig {
+    /// The largest CONNECT read before authentication: `max_connect_size`, never above
+    /// `max_packet_size`.
+    pub fn connect_limit(&self) -> u32 {
+        self.max_connect_size.min(self.max_packet_size)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         let bad = |k: &str, why: &str| Err(format!("mqtt.{k}: {why}"));
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
@@ -86,8 +92,10 @@ impl MqttConfig {
         if self.max_packet_size < 64 {
             return bad("max_packet_size", "must be at least 64");
         }
-        if self.max_connect_size < 64 || self.max_connect_size > self.max_packet_size {
-            return bad("max_connect_size", "must be at least 64 and at most max_packet_size");
+        // Above max_packet_size it is simply max_packet_size (see `connect_limit`): lowering
+        // the packet size alone must not make the default CONNECT bound an error.
+        if self.max_connect_size < 64 {
+            return bad("max_connect_size", "must be at least 64");
         }
         if self.max_topic_levels == 0 || usize::from(self.max_topic_levels) > silt_types::topic::MAX_TOPIC_LEVELS {
             return bad("max_topic_levels", "must be between 1 and 32768");
@@ -224,5 +232,21 @@ mod listener_tests {
         assert!(c.validate().unwrap_err().starts_with("mqtt.websocket_tls.key_file: required"));
         c.websocket_tls = None;
         assert_eq!(c.validate(), Ok(()));
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn a_small_max_packet_size_also_bounds_connect() {
+        let c = MqttConfig { max_packet_size: 1024, ..MqttConfig::default() };
+        assert_eq!(c.validate(), Ok(()), "the default max_connect_size must not make a small packet size an error");
+        assert_eq!(c.connect_limit(), 1024);
+        let c = MqttConfig { max_connect_size: 4096, ..MqttConfig::default() };
+        assert_eq!(c.connect_limit(), 4096);
+        let c = MqttConfig { max_connect_size: 10, ..MqttConfig::default() };
+        assert!(c.validate().unwrap_err().starts_with("mqtt.max_connect_size:"));
     }
 }

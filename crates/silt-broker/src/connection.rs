@@ -98,7 +98,7 @@ fn settings(cfg: &MqttConfig) -> Settings {
         server_keep_alive: cfg.server_keep_alive_secs,
         max_session_expiry: cfg.max_session_expiry_secs,
         connect_timeout: CONNECT_TIMEOUT,
-        max_connect_size: cfg.max_connect_size,
+        max_connect_size: cfg.connect_limit(),
         max_topic_levels: cfg.max_topic_levels,
     }
 }
