@@ -178,23 +178,31 @@ impl Tiering {
             .build()
             .map_err(|e| Error::Config(format!("tiering runtime: {e}")))?;
         let log = ManifestLog::new(store.clone());
-        let latest = rt.block_on(log.latest())?.unwrap_or(Manifest { format: 1, ..Manifest::default() });
-        let seeds = rt.block_on(restore_local(&store, &latest, data_dir, max_batch))?;
-
+        // Claim the prefix before restoring from it: once our epoch is in the manifest, the
+        // node before us is fenced and can add nothing we would miss. A node still uploading
+        // can win the version we try; read the head again and retry.
         let writer = node_id();
-        let mine = Manifest {
-            format: 1,
-            version: latest.version + 1,
-            epoch: latest.epoch + 1,
-            writer: writer.clone(),
-            ..latest.clone()
-        };
-        match rt.block_on(log.commit(&mine))? {
-            Commit::Done => {}
-            Commit::Lost(head) => {
-                return Err(Error::Fenced { epoch: head.epoch, writer: head.writer });
+        let mut tries = 0;
+        let mine = loop {
+            let latest = rt.block_on(log.latest())?.unwrap_or(Manifest { format: 1, ..Manifest::default() });
+            let mine = Manifest {
+                format: 1,
+                version: latest.version + 1,
+                epoch: latest.epoch + 1,
+                writer: writer.clone(),
+                ..latest
+            };
+            match rt.block_on(log.commit(&mine))? {
+                Commit::Done => break mine,
+                Commit::Lost(head) if tries < 20 => {
+                    tries += 1;
+                    tracing::info!(version = mine.version, epoch = head.epoch, writer = %head.writer,
+                        "another node committed the manifest version we claimed; reading it again");
+                }
+                Commit::Lost(head) => return Err(Error::Fenced { epoch: head.epoch, writer: head.writer }),
             }
-        }
+        };
+        let seeds = rt.block_on(restore_local(&store, &mine, data_dir, max_batch))?;
         tracing::info!(
             store = %url.describe(), epoch = mine.epoch, objects = mine.objects.len(), uploaded_end = mine.covered_end(),
             "object store ready; this node owns the prefix"
