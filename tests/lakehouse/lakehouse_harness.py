@@ -314,34 +314,44 @@ class TableView:
 
 class EmbeddedTable(TableView):
     """A table read by its location alone (silt's default catalog puts it at `s3://BUCKET/PREFIX/
-    lakehouse/NAMESPACE/NAME`), through `metadata/version-hint.text`."""
+    lakehouse/NAMESPACE/NAME`, or under DATA_DIR/objects/ without an object store), through
+    `metadata/version-hint.text`. `s3` is the SeaweedFS of an `s3://` location."""
 
     def __init__(self, s3, location):
-        m = re.fullmatch(r"s3://([^/]+)/(.+?)/?", location)
-        assert m, location
         self.s3 = s3
-        self.location = location.rstrip("/")
-        self.bucket, self.key = m.group(1), m.group(2)
+        self.location = str(location).rstrip("/")
+        m = re.fullmatch(r"s3://([^/]+)/(.+)", self.location)
+        if m:
+            assert s3 is not None, location
+            self.bucket, self.key = m.group(1), m.group(2)
+        else:
+            assert self.location.startswith("/"), f"neither s3:// nor an absolute path: {location}"
+            self.bucket, self.key = None, self.location
         self.name = self.key.rsplit("/", 1)[-1]
         self.last_error = None
 
     def _duck(self):
-        return duckdb_connect(self.s3)
+        return duckdb_connect(self.s3 if self.bucket else None)
 
     def duck_from(self, con):
         return f"iceberg_scan('{_sql_str(self.location)}')"
 
     def py_table(self):
         from pyiceberg.table import StaticTable
-        return StaticTable.from_metadata(self.location, self.s3.s3_properties())
+        return StaticTable.from_metadata(self.location, self.s3.s3_properties() if self.bucket else {})
 
     def version_hint(self):
         """The raw bytes of metadata/version-hint.text."""
+        if self.bucket is None:
+            return Path(self.key, "metadata", "version-hint.text").read_bytes()
         c = self.s3.client()
         return c.get_object(Bucket=self.bucket, Key=f"{self.key}/metadata/version-hint.text")["Body"].read()
 
     def objects(self, sub=""):
-        """{key: size} under the table's folder (`sub`: "data/", "metadata/")."""
+        """{key (or path): size} under the table's folder (`sub`: "data/", "metadata/")."""
+        if self.bucket is None:
+            root = Path(self.key, sub)
+            return {str(p): p.stat().st_size for p in root.rglob("*") if p.is_file()} if root.exists() else {}
         out = {}
         for page in self.s3.client().get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=f"{self.key}/{sub}"):
@@ -700,6 +710,7 @@ class Publisher(Mqtt5):
         Raises Closed if the connection ends (what was acknowledged until then is in
         `self.acked_msgs`)."""
         self.acked_msgs = getattr(self, "acked_msgs", [])
+        self.sent_upto = 0
         by_token = {}
         codes = {}
 
@@ -727,6 +738,7 @@ class Publisher(Mqtt5):
                 if self.closed.is_set():
                     raise Closed(f"connection closed ({self.disconnect_reason}) after {i} publishes")
                 info = self.c.publish(m.topic, m.payload, qos=m.qos, properties=m.properties())
+                self.sent_upto = i + 1
                 if info.rc != 0:
                     self.closed.wait(1)
                     raise Closed(f"publish refused locally: {info.rc} (disconnect reason {self.disconnect_reason})")
@@ -783,10 +795,11 @@ class Lake:
     def node(self, name="a", config=None, data_dir=None, start=True, object_store="default"):
         """A silt node on this test's prefix of the bucket, with the AWS_* environment that
         reaches SeaweedFS (which the lakehouse also uses, and the REST catalog credential's
-        default)."""
-        n = LakeNode(name, data_dir or self.data_dir(name), config=config,
-                     object_store=self.url if object_store == "default" else object_store,
-                     env=self.s3.env(), log_dir=self.base)
+        default); `object_store=None`: no --object-store (DATA_DIR/objects) and no SeaweedFS."""
+        if object_store == "default":
+            object_store = self.url
+        n = LakeNode(name, data_dir or self.data_dir(name), config=config, object_store=object_store,
+                     env=self.s3.env() if object_store is not None else {}, log_dir=self.base)
         self.nodes.append(n)
         if start:
             n.start()

@@ -1,5 +1,8 @@
 //! Tiering settings and per-topic policies: serde data, validated once at start-up.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use silt_types::{TopicFilter, TopicTrie};
 
@@ -128,16 +131,103 @@ pub struct TopicPolicy {
     /// Partitions a stream (Kafka topic) gets when it is created, by its first record or by
     /// CreateTopics without a count; fixed from then on. Looked up by the stream's name.
     pub partitions: u32,
+    /// The Iceberg table the topic's messages are written to, if any (set by `[[topics]]`
+    /// entries only).
+    #[serde(skip)]
+    pub lakehouse: Option<Arc<TablePolicy>>,
 }
 
 impl Default for TopicPolicy {
     fn default() -> Self {
-        Self { tier: Tier::Object, ack: AckDurability::Local, retention_ms: 0, retention_bytes: 0, partitions: 1 }
+        Self {
+            tier: Tier::Object,
+            ack: AckDurability::Local,
+            retention_ms: 0,
+            retention_bytes: 0,
+            partitions: 1,
+            lakehouse: None,
+        }
+    }
+}
+
+/// `lakehouse = ...` of a `[[topics]]` entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LakehouseFormat {
+    /// Written to an Apache Iceberg table.
+    Iceberg,
+    /// Not written to a table (to exempt topics a later, broader entry would write).
+    Off,
+}
+
+/// The type of a column projected from a top-level JSON field of the payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ColumnType {
+    Boolean,
+    Int,
+    Long,
+    Float,
+    Double,
+    String,
+    Timestamp,
+}
+
+/// The Iceberg table a topic is written to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TablePolicy {
+    /// The table's name in the lakehouse namespace.
+    pub table: String,
+    /// How often the table is committed (ms).
+    pub commit_interval_ms: u64,
+    /// Typed columns projected from top-level JSON fields of the payload, by name.
+    pub columns: BTreeMap<String, ColumnType>,
+}
+
+/// Every table, with what feeds it: the filters of the `[[topics]]` entries that name it, their
+/// columns together and the shortest commit interval among them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableSources {
+    pub filters: Vec<String>,
+    pub columns: BTreeMap<String, ColumnType>,
+    pub commit_interval_ms: u64,
+}
+
+/// The envelope columns every table has; projected columns may not take these names.
+pub const ENVELOPE_COLUMNS: [&str; 10] =
+    ["topic", "topic_levels", "stream", "partition", "offset", "timestamp", "key", "payload", "qos", "properties"];
+
+/// The default table name for a filter: its literal levels joined by `_` (`plant/#` -> `plant`,
+/// `factory/+/temp` -> `factory_temp`), lowercased, other characters as `_`; `all` for `#`.
+pub fn table_name_for(filter: &str) -> String {
+    let literal: Vec<String> = filter
+        .split('/')
+        .filter(|l| !matches!(*l, "+" | "#" | ""))
+        .map(|l| l.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect())
+        .collect();
+    let name = literal.join("_");
+    match name.chars().next() {
+        None => "all".into(),
+        Some(c) if c.is_ascii_digit() => format!("t_{name}"),
+        Some(_) => name,
+    }
+}
+
+fn identifier_error(name: &str) -> Option<&'static str> {
+    let mut chars = name.chars();
+    match chars.next() {
+        None => Some("must not be empty"),
+        _ if name.len() > 128 => Some("must be at most 128 characters"),
+        Some(c) if !(c.is_ascii_alphabetic() || c == '_') => Some("must start with a letter or '_'"),
+        _ if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') => {
+            Some("may hold only ASCII letters, digits and '_'")
+        }
+        _ => None,
     }
 }
 
 /// One `[[topics]]` entry: a topic filter and the keys it overrides.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TopicRule {
     /// MQTT topic filter (`+` and `#` wildcards) matched against topic names.
@@ -148,6 +238,14 @@ pub struct TopicRule {
     pub retention_ms: Option<u64>,
     pub retention_bytes: Option<u64>,
     pub partitions: Option<u32>,
+    /// `"iceberg"`: the matching topics are written to an Iceberg table.
+    pub lakehouse: Option<LakehouseFormat>,
+    /// The table's name (default: derived from the filter, see [`table_name_for`]).
+    pub table: Option<String>,
+    /// How often the table is committed (ms; default 10000).
+    pub commit_interval_ms: Option<u64>,
+    /// Typed columns projected from top-level JSON fields of the payload.
+    pub columns: Option<BTreeMap<String, ColumnType>>,
 }
 
 /// Topic policies resolved through a topic trie: the first matching rule (in file order) wins;
@@ -159,6 +257,40 @@ pub struct Policies {
     any_object_ack: bool,
     any_local_tier: bool,
     any_memory_tier: bool,
+    tables: BTreeMap<String, TableSources>,
+}
+
+/// The table a `[[topics]]` entry names, validated; errors name the key.
+fn table_policy(r: &TopicRule, key: &str) -> Result<Option<TablePolicy>, String> {
+    if r.lakehouse != Some(LakehouseFormat::Iceberg) {
+        let stray = [
+            ("table", r.table.is_some()),
+            ("commit_interval_ms", r.commit_interval_ms.is_some()),
+            ("columns", r.columns.is_some()),
+        ];
+        if let Some((k, _)) = stray.iter().find(|(_, set)| *set) {
+            return Err(format!("{key}.{k}: set without lakehouse = \"iceberg\""));
+        }
+        return Ok(None);
+    }
+    let table = r.table.clone().unwrap_or_else(|| table_name_for(&r.pattern));
+    if let Some(why) = identifier_error(&table) {
+        return Err(format!("{key}.table: {table:?} {why}"));
+    }
+    let commit_interval_ms = r.commit_interval_ms.unwrap_or(10_000);
+    if !(100..=86_400_000).contains(&commit_interval_ms) {
+        return Err(format!("{key}.commit_interval_ms: must be between 100 and 86400000"));
+    }
+    let columns = r.columns.clone().unwrap_or_default();
+    for name in columns.keys() {
+        if let Some(why) = identifier_error(name) {
+            return Err(format!("{key}.columns.{name}: {why}"));
+        }
+        if ENVELOPE_COLUMNS.contains(&name.as_str()) {
+            return Err(format!("{key}.columns.{name}: an envelope column has that name"));
+        }
+    }
+    Ok(Some(TablePolicy { table, commit_interval_ms, columns }))
 }
 
 impl Policies {
@@ -187,15 +319,43 @@ impl Policies {
                 retention_ms: r.retention_ms.unwrap_or(default.retention_ms),
                 retention_bytes: r.retention_bytes.unwrap_or(default.retention_bytes),
                 partitions: r.partitions.unwrap_or(default.partitions),
+                lakehouse: table_policy(r, &format!("topics[{i}]"))?.map(Arc::new),
             };
             consistent(&p, &format!("topics[{i}]"))?;
+            if p.lakehouse.is_some() && p.tier != Tier::Object {
+                return Err(format!(
+                    "topics[{i}].lakehouse: needs tier = \"object\" (a table in the bucket would keep what the tier keeps off it)"
+                ));
+            }
             resolved.push(p);
+        }
+        let mut tables: BTreeMap<String, TableSources> = BTreeMap::new();
+        for (i, (r, p)) in rules.iter().zip(&resolved).enumerate() {
+            let Some(t) = &p.lakehouse else { continue };
+            let entry = tables.entry(t.table.clone()).or_insert_with(|| TableSources {
+                filters: Vec::new(),
+                columns: BTreeMap::new(),
+                commit_interval_ms: t.commit_interval_ms,
+            });
+            entry.filters.push(r.pattern.clone());
+            entry.commit_interval_ms = entry.commit_interval_ms.min(t.commit_interval_ms);
+            for (name, ty) in &t.columns {
+                match entry.columns.insert(name.clone(), *ty) {
+                    Some(other) if other != *ty => {
+                        return Err(format!(
+                            "topics[{i}].columns.{name}: {ty:?} here, {other:?} in another entry of table {:?}",
+                            t.table
+                        ));
+                    }
+                    _ => {}
+                }
+            }
         }
         let any = |f: &dyn Fn(&TopicPolicy) -> bool| f(&default) || resolved.iter().any(f);
         let any_object_ack = any(&|p| p.ack == AckDurability::Object);
         let any_local_tier = any(&|p| p.tier == Tier::Local);
         let any_memory_tier = any(&|p| p.tier == Tier::Memory);
-        Ok(Policies { default, rules: resolved, trie, any_object_ack, any_local_tier, any_memory_tier })
+        Ok(Policies { default, rules: resolved, trie, any_object_ack, any_local_tier, any_memory_tier, tables })
     }
 
     /// The policy of `topic`.
@@ -250,6 +410,11 @@ impl Policies {
         }
     }
 
+    /// Every Iceberg table the policies name, with what feeds it.
+    pub fn tables(&self) -> &BTreeMap<String, TableSources> {
+        &self.tables
+    }
+
     /// Whether any policy limits a topic's bytes.
     pub fn any_retention_bytes(&self) -> bool {
         self.default.retention_bytes > 0 || self.rules.iter().any(|p| p.retention_bytes > 0)
@@ -269,14 +434,7 @@ mod tests {
     #[test]
     fn first_matching_rule_wins_and_unset_keys_fall_back() {
         let default = TopicPolicy { retention_ms: 7, ..TopicPolicy::default() };
-        let rule = |pattern: &str| TopicRule {
-            pattern: pattern.into(),
-            tier: None,
-            ack: None,
-            retention_ms: None,
-            retention_bytes: None,
-            partitions: None,
-        };
+        let rule = |pattern: &str| TopicRule { pattern: pattern.into(), ..TopicRule::default() };
         let rules = [
             TopicRule { ack: Some(AckDurability::Object), retention_bytes: Some(5), ..rule("a/+/x") },
             TopicRule { retention_ms: Some(1), tier: Some(Tier::Local), partitions: Some(3), ..rule("a/#") },
@@ -288,6 +446,7 @@ mod tests {
             retention_ms: 7,
             retention_bytes: 5,
             partitions: 1,
+            lakehouse: None,
         };
         assert_eq!(p.for_topic("a/b/x"), &object);
         let local = TopicPolicy {
@@ -296,6 +455,7 @@ mod tests {
             retention_ms: 1,
             retention_bytes: 0,
             partitions: 3,
+            lakehouse: None,
         };
         assert_eq!(p.for_topic("a/b/y"), &local);
         assert_eq!(p.for_topic("a"), &local);
@@ -313,18 +473,63 @@ mod tests {
 
     #[test]
     fn memory_topics_are_named_by_policy_and_sys_figures_never_are() {
-        let rules = [TopicRule {
-            pattern: "#".into(),
-            tier: Some(Tier::Memory),
-            ack: None,
-            retention_ms: None,
-            retention_bytes: None,
-            partitions: None,
-        }];
+        let rules = [TopicRule { pattern: "#".into(), tier: Some(Tier::Memory), ..TopicRule::default() }];
         let p = Policies::new(TopicPolicy::default(), &rules).unwrap();
         assert!(p.any_memory_tier() && p.memory("fast/1") && !p.memory("$SYS/broker/uptime"));
         assert_eq!((p.decide("fast/1"), p.decide("$SYS/broker/uptime")), ((true, false), (false, false)));
         let none = Policies::new(TopicPolicy::default(), &[]).unwrap();
         assert!(!none.any_memory_tier() && !none.memory("fast/1"));
+    }
+
+    #[test]
+    fn tables_are_named_by_their_entries_and_fed_by_all_of_them() {
+        let iceberg = |pattern: &str| TopicRule {
+            pattern: pattern.into(),
+            lakehouse: Some(LakehouseFormat::Iceberg),
+            ..TopicRule::default()
+        };
+        let cols = |c: &[(&str, ColumnType)]| Some(c.iter().map(|(n, t)| (n.to_string(), *t)).collect());
+        let rules = [
+            TopicRule { lakehouse: Some(LakehouseFormat::Off), ..iceberg("plant/test/#") },
+            TopicRule { columns: cols(&[("temp", ColumnType::Double)]), ..iceberg("plant/#") },
+            TopicRule {
+                table: Some("plant".into()),
+                commit_interval_ms: Some(500),
+                columns: cols(&[("unit", ColumnType::String)]),
+                ..iceberg("+/status")
+            },
+            iceberg("factory/+/temp"),
+        ];
+        let p = Policies::new(TopicPolicy::default(), &rules).unwrap();
+        assert_eq!(p.for_topic("plant/test/x").lakehouse, None, "an earlier entry turns it off");
+        assert_eq!(p.for_topic("plant/a").lakehouse.as_ref().unwrap().table, "plant");
+        assert_eq!(p.for_topic("door/status").lakehouse.as_ref().unwrap().table, "plant");
+        assert_eq!(p.for_topic("factory/l1/temp").lakehouse.as_ref().unwrap().table, "factory_temp");
+        assert_eq!(p.for_topic("other").lakehouse, None);
+        let plant = &p.tables()["plant"];
+        assert_eq!(plant.filters, ["plant/#", "+/status"]);
+        assert_eq!(plant.commit_interval_ms, 500);
+        assert_eq!(plant.columns.keys().collect::<Vec<_>>(), ["temp", "unit"]);
+        assert_eq!(p.tables()["factory_temp"].commit_interval_ms, 10_000);
+        assert_eq!(
+            (table_name_for("#"), table_name_for("9lives/+"), table_name_for("a-b/c")),
+            ("all".into(), "t_9lives".into(), "a_b_c".into())
+        );
+
+        let err = |r: TopicRule| Policies::new(TopicPolicy::default(), &[r]).err().unwrap();
+        assert!(
+            err(TopicRule { pattern: "a".into(), table: Some("x".into()), ..TopicRule::default() })
+                .contains("topics[0].table: set without")
+        );
+        assert!(err(TopicRule { table: Some("x-y".into()), ..iceberg("a") }).contains("topics[0].table"));
+        assert!(
+            err(TopicRule { columns: cols(&[("payload", ColumnType::String)]), ..iceberg("a") }).contains("envelope")
+        );
+        assert!(err(TopicRule { commit_interval_ms: Some(1), ..iceberg("a") }).contains("commit_interval_ms"));
+        let clash = [
+            TopicRule { columns: cols(&[("t", ColumnType::Double)]), ..iceberg("a/#") },
+            TopicRule { table: Some("a".into()), columns: cols(&[("t", ColumnType::Long)]), ..iceberg("b/#") },
+        ];
+        assert!(Policies::new(TopicPolicy::default(), &clash).err().unwrap().contains("topics[1].columns.t"));
     }
 }

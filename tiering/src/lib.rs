@@ -49,7 +49,7 @@ use silt_types::{LogPosition, Offset, Timestamp};
 use tokio::sync::{Notify, watch};
 
 use crate::cold::{ColdStats, ColdStore, ObjectRef};
-pub use crate::config::{AckDurability, Policies, TieringConfig, TopicPolicy, TopicRule};
+pub use crate::config::{AckDurability, Policies, TableSources, TieringConfig, TopicPolicy, TopicRule};
 use crate::footer::Footer;
 use crate::manifest::{Commit, Manifest, ManifestLog, ObjectEntry, TailEntry};
 use crate::multipart::Multipart;
@@ -65,6 +65,12 @@ pub trait InternalState: Send + Sync + 'static {
     /// Asked when retention is held back by the floor: write the live state anew (a dump), so
     /// the floor can move past `target`.
     fn compact(&self, target: LogPosition);
+    /// The lowest log position a reader inside the node still has to read (the lakehouse's
+    /// table writers): no object holding it or anything after it expires. A reader that falls
+    /// too far behind lets go of it itself.
+    fn hold(&self) -> LogPosition {
+        LogPosition(u64::MAX)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -262,6 +268,28 @@ impl Tiering {
 
     pub fn policies(&self) -> Arc<Policies> {
         self.inner.policies.clone()
+    }
+
+    /// The object store (rooted at the node's prefix), for others that keep files in the
+    /// bucket (the lakehouse's tables).
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        self.inner.store.clone()
+    }
+
+    /// This node's epoch: newer nodes on the prefix have higher ones.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    /// Whether a newer node took the prefix over.
+    pub fn is_fenced(&self) -> bool {
+        self.inner.fenced.load(Ordering::Acquire)
+    }
+
+    /// [`Tiering::is_fenced`], for a task that outlives a borrow of `self`.
+    pub fn fence_probe(&self) -> Arc<dyn Fn() -> bool + Send + Sync> {
+        let inner = self.inner.clone();
+        Arc::new(move || inner.fenced.load(Ordering::Acquire))
     }
 
     pub fn describe(&self) -> String {

@@ -133,9 +133,14 @@ impl Inner {
         }
         let now = Timestamp::now().get();
         let floor = self.internal.get().map_or(0, |i| i.floor().get());
+        let hold = self.internal.get().map_or(u64::MAX, |i| i.hold().get());
         let mut drop = 0;
         let mut held_by_internal = None;
         for (i, f) in footers.iter().enumerate() {
+            if f.end > hold {
+                tracing::debug!(object_end = f.end, hold, "retention waits for the lakehouse writers");
+                break;
+            }
             let topic_expired = |name: &str, max_ts: i64| {
                 // `$SYS` history is worthless: the current figures live on as retained
                 // messages, which the internal floor protects.

@@ -52,14 +52,7 @@ fn start(dir: &Path, cfg: TieringConfig, policies: Policies) -> Node {
 }
 
 fn rule(pattern: &str) -> TopicRule {
-    TopicRule {
-        pattern: pattern.into(),
-        tier: None,
-        ack: None,
-        retention_ms: None,
-        retention_bytes: None,
-        partitions: None,
-    }
+    TopicRule { pattern: pattern.into(), ..TopicRule::default() }
 }
 
 fn default_policies() -> Policies {

@@ -6,8 +6,19 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use silt_broker::MqttConfig;
 use silt_kafka_broker::KafkaConfig;
+use silt_lakehouse::LakehouseConfig;
 use silt_storage::StorageConfig;
 use silt_tiering::{Policies, TieringConfig, TopicPolicy, TopicRule};
+
+/// `[admin]`: the HTTP listener for operators and tools (`/healthz`, and the Iceberg REST
+/// catalog of the node's tables at `/iceberg`). Off unless `listen` is set (or
+/// `silt serve --admin ADDR`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address bound, exactly as given (e.g. `127.0.0.1:8080`).
+    pub listen: Option<String>,
+}
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -18,6 +29,8 @@ pub struct SiltConfig {
     pub mqtt: MqttConfig,
     pub kafka: KafkaConfig,
     pub tiering: TieringConfig,
+    pub lakehouse: LakehouseConfig,
+    pub admin: AdminConfig,
     /// The policy of topics no `[[topics]]` entry matches.
     pub topic_defaults: TopicPolicy,
     /// Per-topic policies, matched by MQTT topic filter; the first match wins.
@@ -32,6 +45,8 @@ impl Default for SiltConfig {
             mqtt: MqttConfig::default(),
             kafka: KafkaConfig::default(),
             tiering: TieringConfig::default(),
+            lakehouse: LakehouseConfig::default(),
+            admin: AdminConfig::default(),
             topic_defaults: TopicPolicy::default(),
             topics: Vec::new(),
         }
@@ -60,6 +75,12 @@ impl SiltConfig {
         self.mqtt.validate().map_err(|e| anyhow::anyhow!(e))?;
         self.kafka.validate().map_err(|e| anyhow::anyhow!(e))?;
         self.tiering.validate().map_err(|e| anyhow::anyhow!(e))?;
+        self.lakehouse.validate().map_err(|e| anyhow::anyhow!(e))?;
+        if let Some(listen) = &self.admin.listen
+            && listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            anyhow::bail!("admin.listen: must be an address such as 127.0.0.1:8080, not {listen:?}");
+        }
         self.policies().map(|_| ())
     }
 

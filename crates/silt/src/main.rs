@@ -4,6 +4,7 @@
 //! messages, serves MQTT, and runs until SIGINT or SIGTERM; then it closes connections,
 //! persists sessions, writes, fsyncs and indexes everything acknowledged and exits 0.
 
+mod admin;
 mod config;
 mod tiered;
 
@@ -30,7 +31,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the broker.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Add or replace a user in a password file (argon2id for MQTT and Kafka SASL PLAIN, and
     /// SCRAM-SHA-256/512 credentials for Kafka SCRAM); reads the password from stdin.
     Passwd {
@@ -76,6 +77,10 @@ struct ServeArgs {
     /// `tiering.object_store` (default: DATA_DIR/objects).
     #[arg(long, value_name = "URL")]
     object_store: Option<String>,
+    /// Admin HTTP listener (`/healthz`, the Iceberg REST catalog at `/iceberg`); sets
+    /// `admin.listen` (default: off).
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -86,7 +91,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Passwd { file, user } => passwd(&file, &user),
     };
     match result {
@@ -137,6 +142,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(url) = args.object_store {
         cfg.tiering.object_store = Some(url);
     }
+    if let Some(addr) = args.admin {
+        cfg.admin.listen = Some(addr);
+    }
     cfg.validate()?;
     // Signal handlers go in before anything is announced, so a signal is never lost to the
     // default action (which would skip the clean shutdown).
@@ -159,6 +167,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let appender = silt_dataset::Appender::open(storage.clone(), partitions)
         .map(Arc::new)
         .map_err(|e| anyhow::anyhow!("cannot recover the stream registry: {e}"))?;
+    let streams = appender.streams().clone();
     let broker = Broker::new(appender.clone(), router, cfg.mqtt.clone(), auth)
         .map_err(|e| anyhow::anyhow!("cannot recover broker state: {e}"))?;
     let tiering = Arc::new(tiering);
@@ -180,7 +189,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             vec![("retention.ms", limit(p.retention_ms)), ("retention.bytes", limit(p.retention_bytes))]
         }));
     }
-    tiered::wire(&broker, kafka_node.as_ref(), &tiering, rt.handle().clone());
+    let lake_slot = tiered::wire(&broker, kafka_node.as_ref(), &tiering, rt.handle().clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let listeners = rt.block_on(silt_broker::listeners::Listener::bind_all(&cfg.mqtt))?;
@@ -188,8 +197,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(kind = %l.kind(), addr = %l.local_addr()?, "mqtt listener bound");
     }
     let mqtt_addr = listeners[0].local_addr()?;
+    let mut visibility: Option<Arc<dyn silt_lakehouse::Visibility>> = None;
     let kafka = if let Some(node) = kafka_node {
         rt.block_on(node.start());
+        visibility = Some(Arc::new(tiered::KafkaVisibility(Arc::downgrade(&node))));
         let listeners = rt.block_on(silt_kafka_broker::server::bind(&node)).map_err(|e| anyhow::anyhow!(e))?;
         for (kind, addr) in listeners.addrs()? {
             let advertised = node.advertised_for(kind == "tls");
@@ -198,6 +209,27 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(rt.spawn(silt_kafka_broker::server::run(node, listeners, stop_rx.clone())))
     } else {
         None
+    };
+    // After the Kafka view: its transactions' state decides what a table may see.
+    let lakehouse = silt_lakehouse::Lakehouse::start(
+        cfg.lakehouse.clone(),
+        &tiering,
+        storage.clone(),
+        streams,
+        tiering.policies(),
+        visibility,
+    )
+    .map_err(|e| anyhow::anyhow!("lakehouse: {e}"))?;
+    if let Some(l) = &lakehouse {
+        let _ = lake_slot.set(Arc::downgrade(l));
+    }
+    let admin = match &cfg.admin.listen {
+        Some(addr) => {
+            let listener = rt.block_on(admin::bind(addr))?;
+            tracing::info!(addr = %listener.local_addr()?, "admin listener bound");
+            Some(rt.spawn(admin::run(listener, lakehouse.clone(), stop_rx.clone())))
+        }
+        None => None,
     };
     let server = rt.spawn(silt_broker::server::run(broker.clone(), listeners, stop_rx.clone()));
     let housekeeping = rt.spawn(silt_broker::server::run_housekeeping(broker.clone(), stop_rx));
@@ -213,10 +245,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         if let Some(k) = kafka {
             let _ = k.await;
         }
+        if let Some(a) = admin {
+            let _ = a.await;
+        }
         let _ = housekeeping.await;
         broker.persist_all().await;
     });
     drop(broker);
+    // The writers stop before the log closes; what they had not committed, the next start writes.
+    if let Some(l) = lakehouse {
+        l.shutdown();
+    }
     tiering.shutdown();
     storage.close().map_err(|e| anyhow::anyhow!("storage did not close cleanly: {e}"))?;
     tracing::info!("stopped cleanly");

@@ -1,12 +1,14 @@
 //! Wiring tiering into the broker: `ack = "object"` acknowledgements, retention's view of the
-//! broker's and the Kafka view's internal streams, and the `$SYS/broker/tiering/...` figures.
+//! broker's and the Kafka view's internal streams, what the lakehouse has still to write, and
+//! the `$SYS/broker/tiering/...` and `$SYS/broker/lakehouse/...` figures.
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use silt_broker::{Broker, TierDecision, TopicTiers};
 use silt_kafka_broker::Kafka;
+use silt_lakehouse::Lakehouse;
 use silt_tiering::{InternalState, Policies, Tiering};
 use silt_types::LogPosition;
 
@@ -31,7 +33,11 @@ struct Internal {
     kafka: Option<Weak<Kafka>>,
     rt: tokio::runtime::Handle,
     last_dump: Mutex<Option<Instant>>,
+    lakehouse: LakeSlot,
 }
+
+/// Where the lakehouse goes once it runs (it starts after the Kafka view it reads through).
+pub type LakeSlot = Arc<OnceLock<Weak<Lakehouse>>>;
 
 /// Dumps are cheap but not free: at most one per this long.
 const MIN_DUMP_INTERVAL: Duration = Duration::from_secs(10);
@@ -50,6 +56,14 @@ impl InternalState for Internal {
                 tracing::warn!(error = %e, "internal floor unknown; retention holds everything");
                 LogPosition(0)
             }
+        }
+    }
+
+    fn hold(&self) -> LogPosition {
+        match self.lakehouse.get() {
+            None => LogPosition(u64::MAX),
+            // Shut down: hold everything rather than let retention outrun a restart.
+            Some(l) => l.upgrade().map_or(LogPosition(0), |l| l.floor()),
         }
     }
 
@@ -74,7 +88,13 @@ impl InternalState for Internal {
     }
 }
 
-pub fn wire(broker: &Arc<Broker>, kafka: Option<&Arc<Kafka>>, tiering: &Arc<Tiering>, rt: tokio::runtime::Handle) {
+pub fn wire(
+    broker: &Arc<Broker>,
+    kafka: Option<&Arc<Kafka>>,
+    tiering: &Arc<Tiering>,
+    rt: tokio::runtime::Handle,
+) -> LakeSlot {
+    let lakehouse = LakeSlot::default();
     let policies = tiering.policies();
     if policies.any_object_ack() || policies.any_memory_tier() {
         broker.set_tiers(Arc::new(Gate(tiering.clone(), policies.clone())));
@@ -84,11 +104,13 @@ pub fn wire(broker: &Arc<Broker>, kafka: Option<&Arc<Kafka>>, tiering: &Arc<Tier
         kafka: kafka.map(Arc::downgrade),
         rt,
         last_dump: Mutex::new(None),
+        lakehouse: lakehouse.clone(),
     }));
     let t = tiering.clone();
+    let lake = lakehouse.clone();
     broker.set_extra_stats(Box::new(move || {
         let s = t.stats();
-        vec![
+        let mut figures = vec![
             ("tiering/upload_lag_bytes".into(), s.upload_lag_bytes.to_string()),
             ("tiering/upload_lag_seconds".into(), s.upload_lag_seconds.to_string()),
             ("tiering/puts".into(), s.puts.to_string()),
@@ -105,6 +127,37 @@ pub fn wire(broker: &Arc<Broker>, kafka: Option<&Arc<Kafka>>, tiering: &Arc<Tier
             ("tiering/uploaded_gap_bytes".into(), s.uploaded_gap_bytes.to_string()),
             ("tiering/fenced".into(), u8::from(s.fenced).to_string()),
             ("tiering/epoch".into(), s.epoch.to_string()),
-        ]
+        ];
+        if let Some(l) = lake.get().and_then(Weak::upgrade) {
+            for t in l.figures() {
+                let at = |k: &str| format!("lakehouse/{}/{k}", t.name);
+                figures.extend([
+                    (at("commits"), t.commits.to_string()),
+                    (at("commit_failures"), t.commit_failures.to_string()),
+                    (at("rows"), t.rows.to_string()),
+                    (at("files"), t.files.to_string()),
+                    (at("compactions"), t.compactions.to_string()),
+                    (at("lag_ms"), t.lag_ms.to_string()),
+                    (at("holding_retention"), u8::from(t.holding_retention).to_string()),
+                    (at("fenced"), u8::from(t.fenced).to_string()),
+                ]);
+            }
+        }
+        figures
     }));
+    lakehouse
+}
+
+/// What a read_committed Kafka consumer may see, for the lakehouse writers.
+pub struct KafkaVisibility(pub Weak<Kafka>);
+
+impl silt_lakehouse::Visibility for KafkaVisibility {
+    fn stable(&self, stream: &str, partition: u32, from: u64, end: u64) -> (u64, Vec<(i64, u64, u64)>) {
+        let Some(k) = self.0.upgrade() else { return (from, Vec::new()) };
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let (lso, aborted) = k.txns.read_committed(stream, partition as i32, clamp(from), clamp(end));
+        let aborted =
+            aborted.into_iter().map(|a| (a.producer_id, a.first.max(0) as u64, a.last.max(0) as u64)).collect();
+        (lso.max(0) as u64, aborted)
+    }
 }
