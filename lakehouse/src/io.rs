@@ -40,7 +40,15 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
+    /// `base` is the root's URI; a `file://` one with a relative path (a relative data
+    /// directory) is made absolute: table locations are read by other processes, elsewhere.
     pub fn new(store: Arc<dyn ObjectStore>, base: &str) -> Store {
+        let base = match base.strip_prefix("file://") {
+            Some(p) if !p.starts_with('/') => {
+                std::path::absolute(p).map_or_else(|_| base.to_owned(), |a| format!("file://{}", a.display()))
+            }
+            _ => base.to_owned(),
+        };
         Store { store, base: base.trim_end_matches('/').to_owned(), others: Arc::default() }
     }
 
@@ -245,6 +253,15 @@ impl Storage for ObjectStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relative_local_root_is_made_absolute() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let s = Store::new(store.clone(), "file://./data/objects");
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(s.uri("lakehouse/t"), format!("file://{}/data/objects/lakehouse/t", cwd.display()));
+        assert_eq!(Store::new(store, "s3://b/p/").uri("k"), "s3://b/p/k");
+    }
 
     #[tokio::test]
     async fn files_round_trip_through_the_store_under_its_root() {
