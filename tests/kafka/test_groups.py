@@ -10,7 +10,8 @@
    removed once its session expires, and its partition goes to a live member.
 4. DescribeGroups / ListGroups through confluent's AdminClient and kafka-python's
    KafkaAdminClient: the group, its members, their assignments and the group state.
-5. DeleteGroups: refused for a group with members, then removes an empty group's offsets.
+5. DeleteGroups: refused for a group with members, then removes an empty group's offsets,
+   for good (also after kill -9).
 
 The brokers run with `group_initial_rebalance_delay_ms = 0` and short sessions
 (`kafka_groups.GROUP_SETTINGS`).
@@ -349,6 +350,11 @@ def test_delete_groups_refuses_a_live_group_and_removes_an_empty_groups_offsets(
 
     a.delete_consumer_groups([group], request_timeout=30)[group].result(30)
     assert committed(b, group, topic, PARTS) == {0: -1001, 1: -1001, 2: -1001}, "offsets left after the delete"
+    assert group not in listed(b)
+    node.kill()  # the deletion is as durable as the commits were
+    node.start()
+    b = node.bootstrap
+    assert committed(b, group, topic, PARTS) == {0: -1001, 1: -1001, 2: -1001}, "offsets back after kill -9"
     assert group not in listed(b)
     ka = KafkaAdminClient(bootstrap_servers=b)
     kafka.on_cleanup(ka.close)
