@@ -395,16 +395,6 @@ def test_kafka_python_and_aiokafka_transactional_producers_commit_and_abort(kafk
     assert watermarks(b, topic, [0])[0][1] == 9, "five records and four markers"
 
 
-LIST_OFFSETS_LSO_BUG = (
-    "silt-kafka-broker apis/offsets.rs list_offsets(): the request's isolation_level is ignored, so "
-    "LATEST (-1) under READ_COMMITTED answers the high watermark; Kafka answers the last stable offset "
-    "(the first offset of the oldest open transaction). Seen: one plain record, then a transaction "
-    "left open with two records: AdminClient.list_offsets(latest, READ_COMMITTED) and kafka-python "
-    "end_offsets(isolation_level=read_committed) say 3, expected 1 (a read_committed consumer with "
-    "auto.offset.reset=latest starts past the open transaction)")
-
-
-@pytest.mark.xfail(strict=True, reason=LIST_OFFSETS_LSO_BUG)
 def test_list_offsets_latest_under_read_committed_is_the_last_stable_offset(kafka):
     from kafka import TopicPartition as KTP
     node = kafka.node()
@@ -423,16 +413,7 @@ def test_list_offsets_latest_under_read_committed_is_the_last_stable_offset(kafk
     assert ends == ((1, 3), 1), f"(confluent (committed, uncommitted), kafka-python committed): {ends}"
 
 
-LSO_RACE_BUG = (
-    "silt-kafka-broker apis/produce.rs answered() registers a transaction's first offset in a "
-    "partition (txns.rs Transactions::landed, the `open` map read_committed() takes the last stable "
-    "offset from) only after the append is durable and dispatched; a read_committed fetch woken by that "
-    "dispatch computes LSO = high watermark and returns the open transaction's records. Seen: a "
-    "confluent read_committed consumer long-polling at the end while 60 one-record transactions are "
-    "each aborted gets 18 to 55 of them (five runs) (expected: none, only the plain record after them)")
 
-
-@pytest.mark.xfail(strict=True, reason=LSO_RACE_BUG)
 def test_a_long_polling_read_committed_consumer_never_gets_an_aborted_record(kafka):
     import threading
 

@@ -299,6 +299,17 @@ impl Transactions {
         self.lock().txns.may_produce(id, pid, epoch, topic, partition)
     }
 
+    /// A batch of `pid`'s transaction is about to be appended to a partition whose end is
+    /// `end` (so it lands at `end` or later). Until the transaction ends the partition's last
+    /// stable offset stays at or below `end`: a read_committed fetch woken by the append never
+    /// sees the open transaction's records, whatever order the append's acknowledgement and
+    /// the fetch run in. Conservative: records others append between `end` and the
+    /// transaction's first record wait for its end too.
+    pub fn landing(&self, pid: i64, topic: &str, partition: i32, end: i64) {
+        let mut inner = self.lock();
+        inner.open.entry((topic.to_owned(), partition)).or_default().entry(pid).or_insert(end);
+    }
+
     /// The first record of `id`'s transaction in a partition is at `offset`: the partition's
     /// last stable offset stays below it until the transaction ends.
     pub async fn landed(&self, id: &str, pid: i64, topic: &str, partition: i32, offset: i64) -> Result<(), i16> {

@@ -175,6 +175,23 @@ pub async fn log_start(kafka: &Kafka, topic: &str, partition: u32) -> i64 {
     }
 }
 
+/// A partition's end offset as indexed now (0 before its first record, and when unknown:
+/// callers use it as a lower bound).
+pub async fn log_end(kafka: &Kafka, topic: &str, partition: u32) -> i64 {
+    let storage = kafka.storage().clone();
+    let name =
+        silt_storage::QueueName::Partition { stream: topic.to_owned(), partition: silt_types::Partition(partition) };
+    let found = tokio::task::spawn_blocking(move || match storage.queue_id(&name)? {
+        Some(id) => storage.queue_bounds(id).map(|(_, e)| e.get() as i64),
+        None => Ok(0),
+    })
+    .await;
+    match found {
+        Ok(Ok(end)) => end,
+        _ => 0,
+    }
+}
+
 /// Applies a committed transaction's staged offsets to their groups (durably).
 pub async fn apply_transaction_offsets(
     kafka: &Kafka,

@@ -1,5 +1,5 @@
 //! ListOffsets: the earliest offset (-2: the log start, moved by retention), the latest (-1:
-//! the high watermark), the one with the largest timestamp (-3), or the first at or after a
+//! the high watermark; under READ_COMMITTED the last stable offset), the one with the largest timestamp (-3), or the first at or after a
 //! time. Offsets are the partition queue's; a partition with nothing yet answers 0. A topic
 //! the client may read none of is TOPIC_AUTHORIZATION_FAILED.
 
@@ -21,6 +21,9 @@ const MAX_TIMESTAMP: i64 = -3;
 
 pub async fn list_offsets(kafka: &Kafka, ctx: &Ctx, req: ListOffsetsRequest) -> ListOffsetsResponse {
     let (storage, streams) = (kafka.storage().clone(), kafka.appender.streams().clone());
+    // isolation_level 1: what a read_committed consumer may read ends at the first open
+    // transaction's first record.
+    let txns = (req.isolation_level == 1).then(|| kafka.txns.clone());
     let readable: Vec<bool> = req
         .topics
         .iter()
@@ -35,7 +38,17 @@ pub async fn list_offsets(kafka: &Kafka, ctx: &Ctx, req: ListOffsetsRequest) -> 
                     .partitions
                     .iter()
                     .map(|p| match readable {
-                        true => one(&storage, &streams, t.name.as_str(), p.partition_index, p.timestamp),
+                        true => {
+                            let mut r = one(&storage, &streams, t.name.as_str(), p.partition_index, p.timestamp);
+                            if let Some(txns) = &txns
+                                && p.timestamp == LATEST
+                                && r.error_code == 0
+                            {
+                                r.offset =
+                                    txns.read_committed(t.name.as_str(), p.partition_index, r.offset, r.offset).0;
+                            }
+                            r
+                        }
                         false => ListOffsetsPartitionResponse::default()
                             .with_partition_index(p.partition_index)
                             .with_error_code(ResponseError::TopicAuthorizationFailed.code()),

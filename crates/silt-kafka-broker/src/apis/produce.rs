@@ -210,6 +210,14 @@ async fn partition(
             r.topic.clear(); // not delivered over MQTT (see `crate::txns`)
         }
     }
+    // Before the append: once it is dispatched, a read_committed fetch may run before the
+    // acknowledgement reaches `answered`.
+    if produced.batches.iter().any(|b| b.transactional && b.producer_id >= 0) {
+        let end = super::log_end(kafka, topic, index as u32).await;
+        for b in produced.batches.iter().filter(|b| b.transactional && b.producer_id >= 0) {
+            kafka.txns.landing(b.producer_id, topic, index, end);
+        }
+    }
     match kafka.appender.submit(records, Assign::Given, acked).await {
         Ok(ack) => Slot::Appended { ack, batches: produced.batches },
         Err(e) => Slot::Answered(refused(index, storage_error(&e), Some(e.to_string()))),
