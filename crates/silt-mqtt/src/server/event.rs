@@ -27,7 +27,8 @@ pub struct Settings {
     pub max_inflight: u16,
     /// Highest topic alias accepted from an MQTT 5.0 client.
     pub topic_alias_maximum: u16,
-    /// Keep alive imposed on MQTT 5.0 clients (Server Keep Alive), seconds; 0 leaves theirs.
+    /// Longest keep alive an MQTT 5.0 client keeps (longer ones and 0 are lowered to it by
+    /// Server Keep Alive), seconds; 0 leaves every client's own.
     pub server_keep_alive: u16,
     /// Largest session expiry interval granted, seconds.
     pub max_session_expiry: u32,

@@ -137,7 +137,12 @@ impl<T> Connection<T> {
         let Handshake { connect, assigned, session_expiry, .. } = *hs;
         let s = self.settings;
         let v = self.version;
-        let server_keep_alive = (s.server_keep_alive > 0 && v.is_v5()).then_some(s.server_keep_alive);
+        // A maximum, as mosquitto's max_keepalive: a 5.0 client asking for more (or for none)
+        // is lowered through Server Keep Alive; one asking for less keeps its own (a short keep
+        // alive is how a device gets its will published soon). 3.1.1 cannot be told.
+        let max = s.server_keep_alive;
+        let wanted = connect.keep_alive;
+        let server_keep_alive = (max > 0 && v.is_v5() && (wanted == 0 || wanted > max)).then_some(max);
         let mut ack = ConnAck::accepted(session_present);
         if v.is_v5() {
             let p = &mut ack.properties;

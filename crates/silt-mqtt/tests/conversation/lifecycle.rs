@@ -72,13 +72,22 @@ fn a_partial_packet_counts_as_activity() {
 }
 
 #[test]
-fn server_keep_alive_overrides_a_v5_clients_choice_only() {
+fn server_keep_alive_lowers_a_longer_v5_keep_alive_only() {
     let mut s = settings();
     s.server_keep_alive = 5;
     let mut w = World::with_settings(V5, s);
     let ack = w.connect(Connect::new(V5, "ka", 60)).expect("a CONNACK");
     assert_eq!(ack.properties.server_keep_alive, Some(5));
     assert_eq!(w.server.poll_timeout(), Some(w.now + Duration::from_millis(7_500)));
+
+    let mut w = World::with_settings(V5, s);
+    let ack = w.connect(Connect::new(V5, "none", 0)).expect("a CONNACK");
+    assert_eq!(ack.properties.server_keep_alive, Some(5), "no keep alive is longer than any");
+
+    let mut w = World::with_settings(V5, s);
+    let ack = w.connect(Connect::new(V5, "short", 2)).expect("a CONNACK");
+    assert_eq!(ack.properties.server_keep_alive, None, "a shorter keep alive is the client's own");
+    assert_eq!(w.server.poll_timeout(), Some(w.now + Duration::from_secs(3)));
 
     let mut w = World::with_settings(V311, s);
     w.connect(Connect::new(V311, "ka", 60)).expect("a CONNACK");
