@@ -534,6 +534,8 @@ impl Inner {
             Ok(Ok(0)) => {}
             Ok(Ok(n)) => tracing::debug!(segments = n, "evicted uploaded segments from the local disk"),
             Ok(Err(e)) => tracing::warn!(error = %e, "eviction failed"),
+            // Cancelled: the runtime is shutting down (a clean stop), nothing to report.
+            Err(e) if e.is_cancelled() => tracing::debug!("eviction cancelled by shutdown"),
             Err(e) => tracing::warn!(error = %e, "eviction task failed"),
         }
     }
