@@ -109,6 +109,7 @@ impl Lakehouse {
             read: Arc::new(read::Sources { storage, streams, policies: policies.clone() }),
             visibility,
             fenced: fenced_tiering,
+            uploaded: tiering.upload_waiter(),
         };
         let mut tables = Vec::new();
         for (name, sources) in policies.tables() {

@@ -41,6 +41,9 @@ pub struct Read {
     pub oldest_pending: Option<(LogPosition, i64)>,
     /// Whether the read stopped at its row limit (more to read at once).
     pub more: bool,
+    /// One past the log position of the last record read (0: none): what the bucket must
+    /// hold before these offsets are committed.
+    pub end: u64,
 }
 
 /// The streams a table's filters can reach now (all of them when a filter starts with a
@@ -110,6 +113,7 @@ pub fn read(src: &Sources, visibility: Option<&dyn Visibility>, want: Want<'_>) 
                     }
                     let o = offset.get();
                     at = o + 1;
+                    out.end = out.end.max(entry.position.get() + 1);
                     let record = match storage.read_record(&entry) {
                         Ok(r) => r,
                         Err(e) if e.kind() == ErrorKind::Expired => continue,

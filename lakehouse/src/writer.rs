@@ -78,6 +78,10 @@ fn encode_offsets(offsets: &BTreeMap<Source, u64>) -> String {
     serde_json::to_string(&m).expect("invariant: a map of numbers serializes")
 }
 
+/// How long a commit waits for the object store to hold its rows' records before it reports a
+/// failure (and tries again).
+const UPLOAD_WAIT: Duration = Duration::from_secs(15);
+
 /// A commit sent whose outcome is not known.
 struct Unsure {
     snapshot_id: i64,
@@ -95,6 +99,10 @@ pub struct TableWriter {
     read: Arc<Sources>,
     visibility: Option<Arc<dyn Visibility>>,
     fenced: Arc<dyn Fn() -> bool + Send + Sync>,
+    uploaded: silt_tiering::UploadWaiter,
+    /// Whether `offsets` are the table's (loaded once at least): until then retention holds
+    /// everything.
+    loaded: bool,
     pub stats: Arc<TableStats>,
     table: Option<Loaded>,
     offsets: BTreeMap<Source, u64>,
@@ -111,6 +119,7 @@ pub struct Handles {
     pub read: Arc<Sources>,
     pub visibility: Option<Arc<dyn Visibility>>,
     pub fenced: Arc<dyn Fn() -> bool + Send + Sync>,
+    pub uploaded: silt_tiering::UploadWaiter,
 }
 
 impl TableWriter {
@@ -126,7 +135,13 @@ impl TableWriter {
             read: h.read.clone(),
             visibility: h.visibility.clone(),
             fenced: h.fenced.clone(),
-            stats: Arc::new(TableStats { floor: AtomicU64::new(0), ..TableStats::default() }),
+            uploaded: h.uploaded.clone(),
+            loaded: false,
+            stats: Arc::new(TableStats {
+                floor: AtomicU64::new(0),
+                holding: AtomicBool::new(true),
+                ..TableStats::default()
+            }),
             table: None,
             offsets: BTreeMap::new(),
             unsure: None,
@@ -156,6 +171,8 @@ impl TableWriter {
                 }
                 Err(Stop::Failed(why)) => {
                     self.stats.commit_failures.fetch_add(1, Ordering::Relaxed);
+                    // Retention keeps holding what the table has not written while it fails.
+                    self.track_floor(None).await;
                     backoff = (backoff * 2).clamp(Duration::from_secs(1), Duration::from_secs(60));
                     tracing::warn!(table = %self.name, error = %why, retry_in_ms = backoff.as_millis() as u64,
                         "lakehouse commit failed");
@@ -214,6 +231,7 @@ impl TableWriter {
             tracing::info!(table = %self.name, schema_id = t.metadata.current_schema_id(), "lakehouse table schema evolved");
         }
         self.offsets = offsets;
+        self.loaded = true;
         self.table = Some(t.clone());
         Ok(t)
     }
@@ -262,6 +280,21 @@ impl TableWriter {
             self.offsets = got.offsets;
             self.track_floor(got.oldest_pending).await;
             return Ok(more);
+        }
+        // The rows' records must be in the bucket first: a table never holds what a node taking
+        // the prefix over (or this one, on an empty disk) would not find in its log.
+        self.track_floor(None).await;
+        match tokio::time::timeout(UPLOAD_WAIT, (self.uploaded)(LogPosition(got.end))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e @ silt_tiering::Error::Fenced { .. })) => return Err(Stop::Fenced(e.to_string())),
+            Ok(Err(e)) => return Err(Stop::Failed(format!("waiting for the upload of the rows' records: {e}"))),
+            // Reported like a failed commit (and retried): the store is down or slow.
+            Err(_) => {
+                return Err(Stop::Failed(format!(
+                    "the object store has not taken the rows' records after {} s",
+                    UPLOAD_WAIT.as_secs()
+                )));
+            }
         }
         let rows = got.rows;
         let n = rows.len() as u64;
@@ -362,13 +395,24 @@ impl TableWriter {
     /// What retention must keep for this table: the oldest unwritten message, unless the
     /// table lags more than `max_lag_ms` behind it.
     async fn track_floor(&mut self, pending_beyond_limit: Option<(LogPosition, i64)>) {
-        let storage = self.read.storage.clone();
-        let offsets = self.offsets.clone();
+        if !self.loaded {
+            // The table's offsets are not known yet: keep everything.
+            self.stats.floor.store(0, Ordering::Relaxed);
+            self.stats.holding.store(true, Ordering::Relaxed);
+            return;
+        }
+        let (storage, streams) = (self.read.storage.clone(), self.read.streams.clone());
+        let (offsets, filters) = (self.offsets.clone(), self.sources.filters.clone());
         let found = tokio::task::spawn_blocking(move || {
             let mut oldest: Option<(LogPosition, i64)> = None;
-            for (source, next) in &offsets {
-                if let Ok(Some(p)) = read::pending(&storage, source, *next) {
-                    oldest = Some(oldest.map_or(p, |o| o.min(p)));
+            // Every partition the filters reach, written to before or not (then from 0).
+            for (stream, partitions) in read::streams_for(&filters, &streams) {
+                for p in 0..partitions {
+                    let source = (stream.clone(), p);
+                    let next = offsets.get(&source).copied().unwrap_or(0);
+                    if let Ok(Some(found)) = read::pending(&storage, &source, next) {
+                        oldest = Some(oldest.map_or(found, |o| o.min(found)));
+                    }
                 }
             }
             oldest

@@ -7,11 +7,11 @@
   the (stream, partition, offset) b's Kafka view has for it. `fleet/#` uses `ack = "object"`, so
   an acknowledged message is in the bucket b restores from. The same when a's last rows were
   acknowledged on its disk only (`fleet/local/#`), lost to the takeover as that durability
-  allows, after a's writer had put them in the table (xfail: b then writes the table again).
+  allows, and never in the table: a's writer commits only what the bucket holds.
 - Retention and a table that has not written everything: retention deletes only what the table
   has written (`$SYS/broker/lakehouse/<table>/holding_retention` is 1 while it waits), and the
   table gets every message: while its REST catalog is unreachable (a TCP forwarder in front of
-  SeaweedFS's catalog stops listening; xfail), and while it lags behind (`max_rows_per_commit`).
+  SeaweedFS's catalog stops listening), and while it lags behind (`max_rows_per_commit`).
   Retention runs every 500 ms on a 2 s `retention_ms`; `storage.segment_max_age_ms` seals the
   segments at once.
 """
@@ -175,14 +175,6 @@ def test_a_second_node_on_the_prefix_fences_the_first_nodes_table_writer(lake):
         f"b's start line does not name epoch {epoch_b}: {b.lines('owns the prefix')}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a table writer reads its node's local log up to its end (lakehouse/src/read.rs uses "
-    "Storage::queue_bounds, not the uploaded end), so node a commits rows for records it never "
-    "uploaded; node b, restored from the bucket, finds the table's silt.offsets beyond its stream's "
-    "end, takes that for a stream made anew ('a stream partition starts over below the table's "
-    "offset; reading it from its start') and writes every record again from offset 0: each "
-    "message acknowledged in the bucket is in the table twice, and b's new records share "
-    "positions with a's lost ones"))
 def test_rows_the_first_node_never_uploaded_do_not_make_the_second_rewrite_the_table(lake):
     """a's last messages are acknowledged on its disk only (`fleet/local/#`, ack = "local": lost
     when b takes the prefix over, as that durability allows) and nothing uploads them (no
@@ -327,13 +319,6 @@ def retention_config(lake, catalog_uri):
                  "retention_ms": RETENTION_MS, "columns": COLUMNS}])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "TableWriter::cycle (lakehouse/src/writer.rs) updates the table's retention floor "
-    "(track_floor) only after a commit landed or a read found no rows; while its commits fail it "
-    "keeps the floor the last good cycle left, u64::MAX ('nothing pending') once the table had "
-    "caught up, so retention deletes the segments of rows the table has not written (the writer "
-    "then logs 'messages deleted by retention before the table wrote them' and never writes "
-    "them), and $SYS/broker/lakehouse/<table>/holding_retention stays 0"))
 def test_retention_keeps_what_the_table_has_not_written_while_its_catalog_is_down(lake):
     plug = Unpluggable(lake.s3.iceberg_port)
     plug.plug()

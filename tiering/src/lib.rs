@@ -369,7 +369,9 @@ impl Tiering {
                 up.evict().await;
             }
         });
-        if inner.policies.any_object_ack() {
+        // Tails go up for object acknowledgements and for the lakehouse writers, which commit
+        // only what the bucket holds.
+        if inner.policies.any_object_ack() || !inner.policies.tables().is_empty() {
             let w = inner.clone();
             self.rt().spawn(async move { w.ack_window().await });
         }
@@ -395,23 +397,14 @@ impl Tiering {
     /// Resolves once the log up to `end` is in the object store and named by the manifest.
     /// Fails if this node is fenced first.
     pub fn wait_uploaded(&self, end: LogPosition) -> impl Future<Output = Result<(), Error>> + Send + 'static {
+        wait_uploaded(self.inner.clone(), end)
+    }
+
+    /// [`Self::wait_uploaded`] for readers that outlive a borrow (the lakehouse writers: a
+    /// table never holds a row the bucket does not).
+    pub fn upload_waiter(&self) -> UploadWaiter {
         let inner = self.inner.clone();
-        async move {
-            inner.want.fetch_max(end.get(), Ordering::AcqRel);
-            inner.want_notify.notify_one();
-            let mut rx = inner.uploaded.subscribe();
-            loop {
-                if inner.fenced.load(Ordering::Acquire) {
-                    let m = inner.manifest.lock().await;
-                    return Err(Error::Fenced { epoch: m.epoch, writer: m.writer.clone() });
-                }
-                if *rx.borrow_and_update() >= end.get() {
-                    return Ok(());
-                }
-                // Woken by uploads; the timeout re-checks fencing.
-                let _ = tokio::time::timeout(Duration::from_millis(500), rx.changed()).await;
-            }
-        }
+        Arc::new(move |end| Box::pin(wait_uploaded(inner.clone(), end)))
     }
 
     pub fn stats(&self) -> TieringStats {
@@ -698,6 +691,29 @@ impl Inner {
         let f = Arc::new(read_footer(&self.store, o).await?);
         self.footers.lock().expect("invariant: lock not poisoned").insert(o.base, f.clone());
         Ok(f)
+    }
+}
+
+/// Waits for what `upload_waiter` callers wait for.
+pub type UploadWaiter =
+    Arc<dyn Fn(LogPosition) -> std::pin::Pin<Box<dyn Future<Output = Result<(), Error>> + Send>> + Send + Sync>;
+
+/// Resolves once the log up to `end` is in the object store and named by the manifest; fails
+/// if the node is fenced first.
+async fn wait_uploaded(inner: Arc<Inner>, end: LogPosition) -> Result<(), Error> {
+    inner.want.fetch_max(end.get(), Ordering::AcqRel);
+    inner.want_notify.notify_one();
+    let mut rx = inner.uploaded.subscribe();
+    loop {
+        if inner.fenced.load(Ordering::Acquire) {
+            let m = inner.manifest.lock().await;
+            return Err(Error::Fenced { epoch: m.epoch, writer: m.writer.clone() });
+        }
+        if *rx.borrow_and_update() >= end.get() {
+            return Ok(());
+        }
+        // Woken by uploads; the timeout re-checks fencing.
+        let _ = tokio::time::timeout(Duration::from_millis(500), rx.changed()).await;
     }
 }
 
