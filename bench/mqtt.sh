@@ -87,7 +87,7 @@ start_broker() { # name -> sets broker_pid and port
       ;;
     silt)
       rm -rf "$work/silt-data"
-      SILT_LOG=warn "$SILT" serve --mqtt "127.0.0.1:$port" --data-dir "$work/silt-data" \
+      SILT_LOG=warn "$SILT" serve --mqtt "127.0.0.1:$port" --kafka 127.0.0.1:0 --admin 127.0.0.1:0 --data-dir "$work/silt-data" \
         ${SILT_CONFIG:+--config "$SILT_CONFIG"} 2>>"$work/silt.log" &
       ;;
   esac

@@ -35,7 +35,8 @@ def refusal(lake, name, topics=(), **sections):
     says it is running)."""
     cfg = lake.config(f"{name}.toml", topics=topics, **sections)
     proc = subprocess.Popen([SILT_BIN, "serve", "--config", str(cfg), "--data-dir", str(lake.data_dir(name)),
-                             "--mqtt", "127.0.0.1:0", "--kafka", "127.0.0.1:0"],
+                             "--mqtt", "127.0.0.1:0", "--kafka", "127.0.0.1:0",
+                             "--admin", "127.0.0.1:0"],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             text=True, errors="replace")
     timer = threading.Timer(60, proc.kill)

@@ -21,7 +21,8 @@ class Silt:
         self.proc = subprocess.Popen(
             # A free Kafka port unless the test names one: 9092 may be taken on the machine.
             [SILT_BIN, "serve", "--mqtt", "127.0.0.1:0", "--data-dir", data_dir,
-             *([] if "--kafka" in extra_args else ["--kafka", "127.0.0.1:0"]), *extra_args],
+             *([] if "--kafka" in extra_args else ["--kafka", "127.0.0.1:0"]),
+             *([] if "--admin" in extra_args else ["--admin", "127.0.0.1:0"]), *extra_args],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
@@ -34,6 +35,9 @@ class Silt:
         def pump():
             for line in self.proc.stderr:
                 self.log.append(line)
+                admin = re.search(r"admin listener bound addr=127\.0\.0\.1:(\d+)", line)
+                if admin:
+                    self.admin_port = int(admin.group(1))
                 bound = re.search(r"mqtt listener bound kind=(\w+) addr=127\.0\.0\.1:(\d+)", line)
                 if bound:
                     self.ports[bound.group(1)] = int(bound.group(2))

@@ -374,6 +374,7 @@ class SiltNode:
         # A free Kafka port unless a subclass names one: 9092 may be taken on the machine.
         kafka = getattr(self, "kafka_listen", "127.0.0.1:0")
         a = [SILT_BIN, "serve", "--mqtt", "127.0.0.1:0", "--kafka", kafka, "--data-dir", str(self.data_dir)]
+        a += ["--admin", "127.0.0.1:0"]  # several nodes at once: never the default port
         if self.config is not None:
             a += ["--config", str(self.config)]
         if self.object_store is not None:

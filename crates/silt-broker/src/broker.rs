@@ -872,6 +872,13 @@ impl Broker {
     }
 
     /// Messages waiting per session (client id, backlog), for `$SYS` and stats.
+    /// `(sessions, total, largest)` of the backlogs `$SYS` last published (refreshed every
+    /// `sys_interval_secs`): cheap, for scrapes.
+    pub fn backlog_summary(&self) -> (usize, u64, u64) {
+        let last = self.sys_backlogs.lock().expect("invariant: lock not poisoned");
+        (last.len(), last.values().sum(), last.values().copied().max().unwrap_or(0))
+    }
+
     pub async fn backlogs(&self) -> Vec<(String, u64)> {
         let sessions: Vec<(String, SessionRef)> =
             self.state().sessions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();

@@ -1,9 +1,16 @@
-//! The admin HTTP listener (`[admin] listen`, `silt serve --admin ADDR`): `/healthz`, and the
-//! read side of the Iceberg REST catalog protocol over the node's lakehouse tables at
-//! `/iceberg` (`silt_lakehouse::serve`), so DuckDB, pyiceberg, Trino or Spark find the
-//! tables by name. axum, on the broker's runtime; catalog reads run on the lakehouse's own.
+//! The admin HTTP listener (`[admin] listen`, `silt serve --admin ADDR`), bound before
+//! recovery starts:
+//! - `/metrics`: Prometheus text ([`crate::metrics`]);
+//! - `/healthz`: the process answers; `/readyz`: 200 once recovery finished and every listener
+//!   is bound, 503 while recovering, when fenced by a newer node, or stopping;
+//! - `/iceberg/...`: the read side of the Iceberg REST catalog protocol over the node's
+//!   lakehouse tables (`silt_lakehouse::serve`), so DuckDB, pyiceberg, Trino or Spark find the
+//!   tables by name.
+//!
+//! axum, on the broker's runtime; catalog reads run on the lakehouse's own.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -14,10 +21,29 @@ use silt_lakehouse::Lakehouse;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-#[derive(Clone)]
-struct Admin {
-    lakehouse: Option<Arc<Lakehouse>>,
+/// What the listener serves, filled in as the node comes up.
+#[derive(Default)]
+pub struct AdminState {
+    phase: AtomicU8,
+    pub lakehouse: OnceLock<Arc<Lakehouse>>,
+    pub metrics: OnceLock<crate::metrics::Sources>,
 }
+
+// 0, the default: recovering.
+const READY: u8 = 1;
+const STOPPING: u8 = 2;
+
+impl AdminState {
+    pub fn ready(&self) {
+        self.phase.store(READY, Ordering::Release);
+    }
+
+    pub fn stopping(&self) {
+        self.phase.store(STOPPING, Ordering::Release);
+    }
+}
+
+type Admin = Arc<AdminState>;
 
 /// Binds `addr` (the caller logs the bound address).
 pub async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
@@ -25,12 +51,14 @@ pub async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
 }
 
 /// Serves until `stop` turns true.
-pub async fn run(listener: TcpListener, lakehouse: Option<Arc<Lakehouse>>, mut stop: watch::Receiver<bool>) {
+pub async fn run(listener: TcpListener, state: Arc<AdminState>, mut stop: watch::Receiver<bool>) {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/iceberg", any(|m: Method, s: State<Admin>| iceberg(m, s, String::new())))
         .route("/iceberg/{*path}", any(|m: Method, s: State<Admin>, Path(p): Path<String>| iceberg(m, s, p)))
-        .with_state(Admin { lakehouse });
+        .with_state(state);
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
@@ -39,8 +67,28 @@ pub async fn run(listener: TcpListener, lakehouse: Option<Arc<Lakehouse>>, mut s
     }
 }
 
+async fn readyz(State(admin): State<Admin>) -> Response {
+    let fenced = admin.metrics.get().is_some_and(|m| m.tiering.stats().fenced);
+    let (status, why) = match admin.phase.load(Ordering::Acquire) {
+        STOPPING => (StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+        READY if fenced => (StatusCode::SERVICE_UNAVAILABLE, "fenced: a newer node owns the object-store prefix\n"),
+        READY => (StatusCode::OK, "ready\n"),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "recovering\n"),
+    };
+    (status, why).into_response()
+}
+
+async fn metrics(State(admin): State<Admin>) -> Response {
+    let Some(sources) = admin.metrics.get() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "recovering\n").into_response();
+    };
+    let text = crate::metrics::render(sources);
+    ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+        .into_response()
+}
+
 async fn iceberg(method: Method, State(admin): State<Admin>, path: String) -> Response {
-    let answer = match admin.lakehouse {
+    let answer = match admin.lakehouse.get().cloned() {
         Some(l) => {
             let on = l.clone();
             let m = method.to_string();

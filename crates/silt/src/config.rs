@@ -10,14 +10,20 @@ use silt_lakehouse::LakehouseConfig;
 use silt_storage::StorageConfig;
 use silt_tiering::{Policies, TieringConfig, TopicPolicy, TopicRule};
 
-/// `[admin]`: the HTTP listener for operators and tools (`/healthz`, and the Iceberg REST
-/// catalog of the node's tables at `/iceberg`). Off unless `listen` is set (or
-/// `silt serve --admin ADDR`).
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// `[admin]`: the HTTP listener for operators and tools: `/metrics` (Prometheus), `/healthz`,
+/// `/readyz`, and the Iceberg REST catalog of the node's tables at `/iceberg`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
-    /// Address bound, exactly as given (e.g. `127.0.0.1:8080`).
-    pub listen: Option<String>,
+    pub enabled: bool,
+    /// Address bound, exactly as given (`silt serve --admin ADDR` overrides it).
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self { enabled: true, listen: "127.0.0.1:8080".into() }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -76,10 +82,8 @@ impl SiltConfig {
         self.kafka.validate().map_err(|e| anyhow::anyhow!(e))?;
         self.tiering.validate().map_err(|e| anyhow::anyhow!(e))?;
         self.lakehouse.validate().map_err(|e| anyhow::anyhow!(e))?;
-        if let Some(listen) = &self.admin.listen
-            && listen.parse::<std::net::SocketAddr>().is_err()
-        {
-            anyhow::bail!("admin.listen: must be an address such as 127.0.0.1:8080, not {listen:?}");
+        if self.admin.listen.parse::<std::net::SocketAddr>().is_err() {
+            anyhow::bail!("admin.listen: must be an address such as 127.0.0.1:8080, not {:?}", self.admin.listen);
         }
         self.policies().map(|_| ())
     }

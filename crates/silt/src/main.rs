@@ -6,6 +6,7 @@
 
 mod admin;
 mod config;
+mod metrics;
 mod tiered;
 
 use std::path::PathBuf;
@@ -77,8 +78,8 @@ struct ServeArgs {
     /// `tiering.object_store` (default: DATA_DIR/objects).
     #[arg(long, value_name = "URL")]
     object_store: Option<String>,
-    /// Admin HTTP listener (`/healthz`, the Iceberg REST catalog at `/iceberg`); sets
-    /// `admin.listen` (default: off).
+    /// Admin HTTP listener (`/metrics`, `/healthz`, `/readyz`, the Iceberg REST catalog at
+    /// `/iceberg`); overrides `admin.listen` (default 127.0.0.1:8080).
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
 }
@@ -143,13 +144,27 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         cfg.tiering.object_store = Some(url);
     }
     if let Some(addr) = args.admin {
-        cfg.admin.listen = Some(addr);
+        cfg.admin.enabled = true;
+        cfg.admin.listen = addr;
     }
     cfg.validate()?;
     // Signal handlers go in before anything is announced, so a signal is never lost to the
     // default action (which would skip the clean shutdown).
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut signals = rt.block_on(async { Signals::new() })?;
+    let started = std::time::Instant::now();
+
+    // The admin listener first: /readyz answers 503 while the node recovers.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let admin_state = Arc::new(admin::AdminState::default());
+    let admin = match cfg.admin.enabled {
+        true => {
+            let listener = rt.block_on(admin::bind(&cfg.admin.listen))?;
+            tracing::info!(addr = %listener.local_addr()?, "admin listener bound");
+            Some(rt.spawn(admin::run(listener, admin_state.clone(), stop_rx.clone())))
+        }
+        false => None,
+    };
 
     let tiering = Tiering::prepare(cfg.tiering.clone(), cfg.policies()?, &cfg.data_dir, cfg.storage.max_batch_bytes)
         .map_err(|e| anyhow::anyhow!("tiering: {e}"))?;
@@ -191,7 +206,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let lake_slot = tiered::wire(&broker, kafka_node.as_ref(), &tiering, rt.handle().clone());
 
-    let (stop_tx, stop_rx) = watch::channel(false);
     let listeners = rt.block_on(silt_broker::listeners::Listener::bind_all(&cfg.mqtt))?;
     for l in &listeners {
         tracing::info!(kind = %l.kind(), addr = %l.local_addr()?, "mqtt listener bound");
@@ -222,21 +236,23 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("lakehouse: {e}"))?;
     if let Some(l) = &lakehouse {
         let _ = lake_slot.set(Arc::downgrade(l));
+        let _ = admin_state.lakehouse.set(l.clone());
     }
-    let admin = match &cfg.admin.listen {
-        Some(addr) => {
-            let listener = rt.block_on(admin::bind(addr))?;
-            tracing::info!(addr = %listener.local_addr()?, "admin listener bound");
-            Some(rt.spawn(admin::run(listener, lakehouse.clone(), stop_rx.clone())))
-        }
-        None => None,
-    };
+    let _ = admin_state.metrics.set(metrics::Sources {
+        broker: Arc::downgrade(&broker),
+        storage: storage.clone(),
+        tiering: tiering.clone(),
+        lakehouse: lake_slot.clone(),
+        started,
+    });
     let server = rt.spawn(silt_broker::server::run(broker.clone(), listeners, stop_rx.clone()));
     let housekeeping = rt.spawn(silt_broker::server::run_housekeeping(broker.clone(), stop_rx));
     let stats = storage.stats();
     tracing::info!(mqtt = %mqtt_addr, log_end = %stats.log_end, "silt is running");
+    admin_state.ready();
 
     rt.block_on(signals.recv());
+    admin_state.stopping();
 
     tracing::info!("shutting down: closing connections, then flushing the commitlog and the index");
     let _ = stop_tx.send(true);

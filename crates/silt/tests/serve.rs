@@ -32,7 +32,7 @@ fn wait_for(child: &mut Child, needle: &str) -> Vec<String> {
 fn stop_with(signal: i32) {
     let dir = tempfile::tempdir().unwrap();
     let mut child = silt()
-        .args(["serve", "--mqtt", "127.0.0.1:0", "--kafka", "127.0.0.1:0", "--data-dir"])
+        .args(["serve", "--mqtt", "127.0.0.1:0", "--kafka", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path())
         .stderr(Stdio::piped())
         .spawn()

@@ -60,7 +60,7 @@ fn silt() -> Option<Silt> {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(bin)
-        .args(["serve", "--mqtt", "127.0.0.1:0", "--kafka", "127.0.0.1:0", "--data-dir"])
+        .args(["serve", "--mqtt", "127.0.0.1:0", "--kafka", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir"])
         .arg(dir.path().join("data"))
         .env("SILT_LOG", "info")
         .env("NO_COLOR", "1")

@@ -26,10 +26,12 @@ impl Silt {
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Silt {
         // A free Kafka port unless the test names one: 9092 may be taken on the machine.
         let kafka: &[&str] = if extra.contains(&"--kafka") { &[] } else { &["--kafka", "127.0.0.1:0"] };
+        let admin: &[&str] = if extra.contains(&"--admin") { &[] } else { &["--admin", "127.0.0.1:0"] };
         let mut child = Command::new(env!("CARGO_BIN_EXE_silt"))
             .args(["serve", "--mqtt", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(kafka)
+            .args(admin)
             .args(extra)
             .env("SILT_LOG", std::env::var("SILT_TEST_LOG").unwrap_or_else(|_| "info".into()))
             .stderr(Stdio::piped())
