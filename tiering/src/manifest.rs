@@ -88,6 +88,12 @@ pub struct ObjectEntry {
 }
 
 impl Manifest {
+    /// Decodes a stored version (JSON, as [`ManifestLog::commit`] writes it; a delta stays a
+    /// delta). The bytes come from the object store: nothing in them is trusted.
+    pub fn decode(bytes: &[u8]) -> Result<Manifest, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+
     /// The log position just past the last segment object (where the active segment starts
     /// once every sealed segment is uploaded).
     pub fn end(&self) -> u64 {
@@ -128,7 +134,7 @@ impl ManifestLog {
     async fn get_raw(&self, path: &Path) -> Result<Option<Manifest>, object_store::Error> {
         let got = retry("read manifest", || async { self.store.get(path).await?.bytes().await }).await;
         match got {
-            Ok(b) => serde_json::from_slice(&b)
+            Ok(b) => Manifest::decode(&b)
                 .map(Some)
                 .map_err(|e| object_store::Error::Generic { store: "manifest", source: format!("{path}: {e}").into() }),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -136,8 +142,10 @@ impl ManifestLog {
         }
     }
 
-    /// The manifest a stored version stands for, given the checkpoint it may extend.
-    fn resolve(stored: Manifest, checkpoint: Option<&Manifest>) -> Option<Manifest> {
+    /// The manifest a stored version stands for, given the checkpoint it may extend. Public
+    /// for the fuzz target only, with [`ManifestLog::stored_form`].
+    #[doc(hidden)]
+    pub fn resolve(stored: Manifest, checkpoint: Option<&Manifest>) -> Option<Manifest> {
         let Some(base) = stored.base else { return Some(stored) };
         let cp = checkpoint.filter(|c| c.version == base)?;
         let mut m = stored;
@@ -201,7 +209,7 @@ impl ManifestLog {
         match self.store.get(&version_path(version + 1)).await {
             Ok(r) => {
                 let b = r.bytes().await?;
-                serde_json::from_slice(&b).map(Some).map_err(|e| object_store::Error::Generic {
+                Manifest::decode(&b).map(Some).map_err(|e| object_store::Error::Generic {
                     store: "manifest",
                     source: format!("version {}: {e}", version + 1).into(),
                 })
@@ -213,7 +221,8 @@ impl ManifestLog {
 
     /// What to store for `m`: a delta against the known checkpoint, or (every
     /// `CHECKPOINT_EVERY` versions, or with no checkpoint known) `m` whole.
-    fn stored_form(m: &Manifest, checkpoint: Option<&Manifest>) -> Manifest {
+    #[doc(hidden)]
+    pub fn stored_form(m: &Manifest, checkpoint: Option<&Manifest>) -> Manifest {
         match checkpoint {
             Some(cp) if m.version > cp.version && m.version - cp.version < CHECKPOINT_EVERY => {
                 let cp_end = cp.end();

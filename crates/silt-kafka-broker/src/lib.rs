@@ -36,3 +36,9 @@ pub mod wake;
 
 pub use config::{KafkaConfig, KafkaTlsConfig};
 pub use node::{Kafka, NODE_ID};
+
+// The produce path's decoders, for the fuzz targets (`fuzz/`): no broker needed.
+#[doc(hidden)]
+pub use inflate::decompress;
+#[doc(hidden)]
+pub use records::{ProduceError, Produced, ProducedBatch, RETAIN_HEADER, decode as decode_produced};

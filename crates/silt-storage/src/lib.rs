@@ -41,4 +41,6 @@ pub use error::{Error, ErrorKind, Result};
 pub use format::{Producer, Record};
 pub use index::{IndexEntry, QueueName};
 pub use log::{Appended, ColdReader, SealedSegment};
+#[doc(hidden)]
+pub use log::{SegmentRecovery, recover_segment_file};
 pub use restore::{install_segment_file, log_dir, staging_path, start_segment};

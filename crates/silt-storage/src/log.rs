@@ -432,3 +432,34 @@ impl LogShared {
         subs.retain(|tx| tx.send(s.clone()).is_ok());
     }
 }
+
+/// What [`recover_segment_file`] found and did.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct SegmentRecovery {
+    /// Batches with records that passed their checks.
+    pub batches: u64,
+    /// Bytes cut off the end (a torn write).
+    pub cut_bytes: u64,
+    /// Bad ranges that valid batches follow, now gap batches.
+    pub quarantined: u64,
+    /// Gaps in the file after recovery, file offsets `[start, end)`, in order.
+    pub gaps: Vec<(u64, u64)>,
+}
+
+/// Recovers the segment file at `path` as opening the log recovers its newest segment: every
+/// batch is checked, a bad range with valid batches after it is copied to `quarantine_dir` and
+/// replaced by gap batches, a bad end is cut. The segment scan's entry point for the fuzz
+/// target (`fuzz/fuzz_targets/log_segment.rs`); the broker goes through [`crate::Storage`].
+#[doc(hidden)]
+pub fn recover_segment_file(path: &Path, max_batch_bytes: usize, quarantine_dir: &Path) -> Result<SegmentRecovery> {
+    let base = path.file_name().and_then(|n| segment::parse_file_name(n.to_str()?)).unwrap_or(LogPosition(0));
+    let seg = Segment::open(path.to_path_buf(), base, false)?;
+    let r = seg.recover(max_batch_bytes, quarantine_dir)?;
+    Ok(SegmentRecovery {
+        batches: r.batches,
+        cut_bytes: r.cut_bytes,
+        quarantined: r.quarantined.len() as u64,
+        gaps: seg.gaps(),
+    })
+}
