@@ -28,6 +28,19 @@ pub struct Kafka {
     advertised: OnceLock<(String, u16)>,
     advertised_tls: OnceLock<(String, u16)>,
     topic_configs: OnceLock<TopicConfigs>,
+    pub stats: KafkaStats,
+}
+
+/// Counters of the Kafka view, for `/metrics`.
+#[derive(Default)]
+pub struct KafkaStats {
+    /// Open client connections.
+    pub connections: std::sync::atomic::AtomicU64,
+    /// Records appended by Produce, and the bytes of their record batches as sent.
+    pub records_received: std::sync::atomic::AtomicU64,
+    pub bytes_received: std::sync::atomic::AtomicU64,
+    /// Bytes of record batches answered by Fetch.
+    pub bytes_sent: std::sync::atomic::AtomicU64,
 }
 
 /// The `(key, value)` topic configs a topic's policy gives (`retention.ms`, ...), for
@@ -57,6 +70,7 @@ impl Kafka {
             advertised: OnceLock::new(),
             advertised_tls: OnceLock::new(),
             topic_configs: OnceLock::new(),
+            stats: KafkaStats::default(),
         }))
     }
 

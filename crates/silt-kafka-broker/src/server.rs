@@ -97,6 +97,7 @@ pub async fn run(kafka: Arc<Kafka>, listeners: Listeners, mut shutdown: watch::R
         let (k, s) = (kafka.clone(), shutdown.clone());
         let acceptor = if tls { acceptor.clone() } else { None };
         tasks.spawn(async move {
+            let _open = Open::new(k.clone());
             match acceptor {
                 None => connection::serve(k, stream, peer, false, s).await,
                 Some(a) => {
@@ -129,5 +130,21 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, S
     match listener {
         Some(l) => l.accept().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Counts a connection open for as long as it lives.
+struct Open(Arc<Kafka>);
+
+impl Open {
+    fn new(k: Arc<Kafka>) -> Self {
+        k.stats.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Open(k)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.stats.connections.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }

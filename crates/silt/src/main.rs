@@ -205,6 +205,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }));
     }
     let lake_slot = tiered::wire(&broker, kafka_node.as_ref(), &tiering, rt.handle().clone());
+    let kafka_weak = kafka_node.as_ref().map(Arc::downgrade);
 
     let listeners = rt.block_on(silt_broker::listeners::Listener::bind_all(&cfg.mqtt))?;
     for l in &listeners {
@@ -240,6 +241,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let _ = admin_state.metrics.set(metrics::Sources {
         broker: Arc::downgrade(&broker),
+        kafka: kafka_weak,
         storage: storage.clone(),
         tiering: tiering.clone(),
         lakehouse: lake_slot.clone(),

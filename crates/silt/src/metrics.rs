@@ -21,6 +21,7 @@ use crate::tiered::LakeSlot;
 /// What a scrape reads.
 pub struct Sources {
     pub broker: Weak<Broker>,
+    pub kafka: Option<Weak<silt_kafka_broker::Kafka>>,
     pub storage: Arc<Storage>,
     pub tiering: Arc<Tiering>,
     pub lakehouse: LakeSlot,
@@ -124,6 +125,24 @@ pub fn render(src: &Sources) -> String {
             largest,
         );
         s.gauge("silt_retained_messages", "Retained messages.", b.retained_count() as u64);
+    }
+    if let Some(k) = src.kafka.as_ref().and_then(Weak::upgrade) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let st = &k.stats;
+        let kafka = [("protocol", "kafka")];
+        // Beside the MQTT figures of the same names: one family each, a label per protocol.
+        let at = |s: &Snapshot, name: &str| s.0.iter().rposition(|f| f.name == name).map_or(s.0.len(), |i| i + 1);
+        for (name, help, counter, v) in [
+            ("silt_connections", "Open client connections.", false, st.connections.load(Relaxed)),
+            ("silt_messages_received", "Messages received from clients.", true, st.records_received.load(Relaxed)),
+            ("silt_received_bytes", "Bytes read from clients.", true, st.bytes_received.load(Relaxed)),
+            ("silt_sent_bytes", "Bytes written to clients.", true, st.bytes_sent.load(Relaxed)),
+        ] {
+            let value = if counter { Value::Counter(v) } else { Value::Gauge(i64::try_from(v).unwrap_or(i64::MAX)) };
+            let labels = kafka.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+            let i = at(&s, name);
+            s.0.insert(i, Figure { name, help, labels, value });
+        }
     }
     let st = src.storage.stats();
     s.gauge(

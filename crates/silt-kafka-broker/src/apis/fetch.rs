@@ -96,6 +96,7 @@ pub async fn fetch(kafka: &Kafka, ctx: &Ctx, req: FetchRequest, _version: i16) -
         };
         let now = Instant::now();
         if bytes >= min_bytes.max(1) || now >= deadline || topics_have_errors(&topics) {
+            kafka.stats.bytes_sent.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
             return FetchResponse::default().with_responses(topics);
         }
         // Not enough yet: sleep until the dispatcher indexes into one of these queues. The

@@ -218,8 +218,13 @@ async fn partition(
             kafka.txns.landing(b.producer_id, topic, index, end);
         }
     }
+    let (count, size) = (records.len() as u64, raw.len() as u64);
     match kafka.appender.submit(records, Assign::Given, acked).await {
-        Ok(ack) => Slot::Appended { ack, batches: produced.batches },
+        Ok(ack) => {
+            kafka.stats.records_received.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+            kafka.stats.bytes_received.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+            Slot::Appended { ack, batches: produced.batches }
+        }
         Err(e) => Slot::Answered(refused(index, storage_error(&e), Some(e.to_string()))),
     }
 }
