@@ -135,6 +135,9 @@ def test_recovery_from_bucket(tiering):
     t.wipe(one)
 
     two = t.node("two", config)  # a fresh, empty data directory on the same bucket and prefix
+    # /readyz said "recovering" while the bucket was read, then "ready".
+    wait_until(lambda: two.readyz and two.readyz[-1][0] == 200, 30, what="/readyz 200 on node two")
+    assert two.readyz[0] == (503, "recovering\n") and two.readyz[-1] == (200, "ready\n"), two.readyz
     rx = Receiver(ledger)
     resume(t, two, "recovery-sub", rx)
     rx.wait_for(ledger.acked, timeout=max(300, mb * 2))

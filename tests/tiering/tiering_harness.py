@@ -359,6 +359,8 @@ class SiltNode:
     """One `silt serve`: ephemeral MQTT port, its own data directory, an object store URL."""
 
     def __init__(self, name, data_dir, config=None, object_store=None, env=None, log_dir=None):
+        self.admin_port = None
+        self.readyz = []  # see _watch_readyz
         self.name = name
         self.data_dir = Path(data_dir)
         self.config = config
@@ -402,6 +404,11 @@ class SiltNode:
                     f.flush()
                     with self._log_lock:
                         self.log.append(line)
+                    admin = re.search(r"admin listener bound addr=127\.0\.0\.1:(\d+)", line)
+                    if admin:
+                        self.admin_port = int(admin.group(1))
+                        threading.Thread(target=self._watch_readyz, args=(proc, self.admin_port),
+                                         daemon=True).start()
                     m = re.search(r"mqtt=127\.0\.0\.1:(\d+)", line)
                     if m and "silt is running" in line and not ready.is_set():
                         self.port = int(m.group(1))
@@ -416,6 +423,26 @@ class SiltNode:
             raise RuntimeError(f"silt {self.name} did not start (exit code {self.proc.returncode}):\n"
                                + self.log_tail())
         return self
+
+    def _watch_readyz(self, proc, port):
+        """Polls /readyz from the moment the admin listener is bound until it answers 200 (or
+        the process ends): `self.readyz` is every (status, body) seen, in order, changes only."""
+        import urllib.error
+        import urllib.request
+        seen = self.readyz = []
+        while proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+                    got = (r.status, r.read().decode())
+            except urllib.error.HTTPError as e:
+                got = (e.code, e.read().decode())
+            except OSError:
+                got = None
+            if got is not None and (not seen or seen[-1] != got):
+                seen.append(got)
+            if got is not None and got[0] == 200:
+                return
+            time.sleep(0.02)
 
     def _mark(self, text):
         with self._log_lock:
