@@ -40,7 +40,8 @@ pub use engine::{PendingAppendAck, Storage, StorageStats};
 pub use error::{Error, ErrorKind, Result};
 pub use format::{Producer, Record};
 pub use index::{IndexEntry, QueueName};
-pub use log::{Appended, ColdReader, SealedSegment};
+pub use log::{Appended, ColdReader, SealedSegment, check_segment_file, segment_files};
 #[doc(hidden)]
 pub use log::{SegmentRecovery, recover_segment_file};
 pub use restore::{install_segment_file, log_dir, staging_path, start_segment};
+pub use segment::Inspected;

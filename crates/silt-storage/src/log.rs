@@ -447,6 +447,25 @@ pub struct SegmentRecovery {
     pub gaps: Vec<(u64, u64)>,
 }
 
+/// Checks the segment file at `path` without changing it (`silt fsck`): opened read only.
+pub fn check_segment_file(path: &Path, max_batch_bytes: usize) -> Result<crate::segment::Inspected> {
+    let base = path.file_name().and_then(|n| segment::parse_file_name(n.to_str()?)).unwrap_or(LogPosition(0));
+    Segment::open(path.to_path_buf(), base, true)?.check_only(max_batch_bytes)
+}
+
+/// The segment files of a log directory, oldest first, with their base positions.
+pub fn segment_files(log_dir: &Path) -> Result<Vec<(LogPosition, std::path::PathBuf)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(log_dir).map_err(Error::io("read log directory", log_dir))? {
+        let e = e.map_err(Error::io("read log directory", log_dir))?;
+        if let Some(base) = e.file_name().to_str().and_then(segment::parse_file_name) {
+            out.push((base, e.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// Recovers the segment file at `path` as opening the log recovers its newest segment: every
 /// batch is checked, a bad range with valid batches after it is copied to `quarantine_dir` and
 /// replaced by gap batches, a bad end is cut. The segment scan's entry point for the fuzz

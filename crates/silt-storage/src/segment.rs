@@ -64,6 +64,20 @@ impl Checked {
     }
 }
 
+/// What [`Segment::check_only`] found; file offsets.
+#[derive(Debug, Default)]
+pub struct Inspected {
+    pub batches: u64,
+    /// Gap batches: ranges recovery quarantined before.
+    pub gaps: u64,
+    /// Bad ranges that valid batches follow (recovery would quarantine them): `(start, end,
+    /// why)`.
+    pub bad: Vec<(u64, u64, String)>,
+    /// A bad range reaching the end (recovery would cut it: a torn write in the newest
+    /// segment, corruption in a sealed one): `(start, why)`.
+    pub bad_end: Option<(u64, String)>,
+}
+
 /// What recovery found in a segment.
 #[derive(Debug, Default)]
 pub(crate) struct Recovered {
@@ -196,6 +210,37 @@ impl Segment {
             }
         }
         self.check.upto.store(pos, Ordering::Release);
+        Ok(out)
+    }
+
+    /// Checks every batch after the header and changes nothing (`silt fsck`): the valid
+    /// batches, the gap batches, every bad range with valid batches after it, and a bad end.
+    pub fn check_only(&self, max_batch_bytes: usize) -> Result<Inspected> {
+        let file_len = self.len();
+        let mut pos = SEGMENT_HEADER_LEN;
+        let mut out = Inspected::default();
+        while pos < file_len {
+            match repair::check_at(self, pos, file_len, max_batch_bytes)? {
+                Ok(repair::Found::Batch(total)) => {
+                    pos += total;
+                    out.batches += 1;
+                }
+                Ok(repair::Found::Gap(total)) => {
+                    pos += total;
+                    out.gaps += 1;
+                }
+                Err(reason) => {
+                    let end = repair::bad_end(self, pos, file_len, max_batch_bytes)?;
+                    if end < file_len {
+                        out.bad.push((pos, end, reason));
+                        pos = end;
+                        continue;
+                    }
+                    out.bad_end = Some((pos, reason));
+                    break;
+                }
+            }
+        }
         Ok(out)
     }
 
