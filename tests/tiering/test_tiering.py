@@ -138,6 +138,9 @@ def test_recovery_from_bucket(tiering):
     # /readyz said "recovering" while the bucket was read, then "ready".
     wait_until(lambda: two.readyz and two.readyz[-1][0] == 200, 30, what="/readyz 200 on node two")
     assert two.readyz[0] == (503, "recovering\n") and two.readyz[-1] == (200, "ready\n"), two.readyz
+    # The restore said how far it was (each tenth, at least), then that it was done.
+    two.wait_log(r"restoring the commitlog from the object store.*percent=", 1)
+    two.wait_log(r"commitlog restored from the object store", 1)
     rx = Receiver(ledger)
     resume(t, two, "recovery-sub", rx)
     rx.wait_for(ledger.acked, timeout=max(300, mb * 2))

@@ -57,6 +57,7 @@ pub(crate) async fn restore_local(
         tracing::info!(objects = missing.len(), bytes = total, "restoring the commitlog from the object store");
     }
     std::fs::create_dir_all(&log_dir).map_err(|e| Error::Recovery(format!("{}: {e}", log_dir.display())))?;
+    let mut progress = Progress::new(total, missing.len());
     for o in missing {
         let staged = silt_storage::staging_path(&log_dir, LogPosition(o.base));
         retry("download segment", || download(store, o, &staged)).await?;
@@ -70,7 +71,9 @@ pub(crate) async fn restore_local(
         .map_err(|e| Error::Recovery(e.to_string()))?
         .map_err(|e| Error::Recovery(format!("object {} is not a valid segment: {e}", o.key)))?;
         silt_storage::install_segment_file(&log_dir, LogPosition(o.base))?;
+        progress.done(o.end - o.base);
     }
+    progress.finish();
     if empty && !m.tails.is_empty() {
         restore_tails(store, m, &log_dir).await?;
     } else if empty && end > 0 {
@@ -169,6 +172,62 @@ fn local_segments(log_dir: &FsPath) -> Result<Vec<(u64, u64)>, Error> {
     }
     out.sort();
     Ok(out)
+}
+
+/// Progress lines of a long restore: percent, rate and time left, at most every few seconds
+/// (and at each tenth done), then one line when it is over.
+struct Progress {
+    total: u64,
+    objects: usize,
+    done: u64,
+    restored: usize,
+    started: std::time::Instant,
+    last: std::time::Instant,
+    last_tenth: u64,
+}
+
+impl Progress {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+    fn new(total: u64, objects: usize) -> Progress {
+        let now = std::time::Instant::now();
+        Progress { total, objects, done: 0, restored: 0, started: now, last: now, last_tenth: 0 }
+    }
+
+    fn done(&mut self, bytes: u64) {
+        self.done += bytes;
+        self.restored += 1;
+        let tenth = self.done.saturating_mul(10) / self.total.max(1);
+        if self.restored == self.objects || (self.last.elapsed() < Self::EVERY && tenth == self.last_tenth) {
+            return;
+        }
+        self.last = std::time::Instant::now();
+        self.last_tenth = tenth;
+        let secs = self.started.elapsed().as_secs_f64().max(0.001);
+        let rate = self.done as f64 / secs;
+        let eta = (self.total - self.done.min(self.total)) as f64 / rate.max(1.0);
+        tracing::info!(
+            percent = format!("{:.0}", self.done as f64 * 100.0 / self.total.max(1) as f64),
+            bytes = self.done,
+            total = self.total,
+            objects = self.restored,
+            of = self.objects,
+            mib_per_s = format!("{:.1}", rate / 1048576.0),
+            eta_s = eta.round() as u64,
+            "restoring the commitlog from the object store"
+        );
+    }
+
+    fn finish(&self) {
+        if self.objects > 0 {
+            tracing::info!(
+                objects = self.objects,
+                bytes = self.total,
+                seconds = format!("{:.1}", self.started.elapsed().as_secs_f64()),
+                "commitlog restored from the object store"
+            );
+        }
+    }
 }
 
 #[cfg(test)]
