@@ -15,7 +15,6 @@ use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use silt_dataset::attrs;
-use silt_kafka::kafka_protocol::indexmap::IndexMap;
 use silt_kafka::kafka_protocol::protocol::StrBytes;
 use silt_kafka::kafka_protocol::records::{
     Compression, NO_PRODUCER_ID, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
@@ -128,7 +127,7 @@ fuzz_target!(|input: Input| match input {
                         .headers
                         .into_iter()
                         .map(|(k, v)| (StrBytes::from_string(k), v.map(Bytes::from)))
-                        .collect::<IndexMap<_, _>>(),
+                        .collect::<Vec<_>>(),
                 })
                 .collect();
             if records.is_empty() {

@@ -8,8 +8,8 @@ empty values, non-ASCII names, in order) and the CreateTime timestamp (as set by
 or the producer's clock for kcat, which cannot set one), at dense offsets from 0, and the
 offsets the producer's delivery reports named.
 
-Repeated header names and null header values are Kafka features the broker does not keep yet:
-their own tests, marked xfail(strict) with the bug.
+Repeated header names are kept, in order (their own test). Null header values are a Kafka
+feature the broker does not keep yet: their own test, marked xfail(strict) with the bug.
 """
 
 import random
@@ -100,12 +100,6 @@ def test_every_consumer_reads_what_each_producer_wrote(kafka, producer):
 
 DUPLICATE_HEADERS = (("a", b"1"), ("b", b"2"), ("a", b"3"), ("a", b""))
 
-HEADER_BUG = ("silt-kafka-broker records.rs decode(): kafka-protocol's RecordBatchDecoder hands the "
-              "headers over as an IndexMap, so a repeated header name keeps only its last value "
-              "(in the first one's place); Kafka keeps every header in order")
-
-
-@pytest.mark.xfail(strict=True, reason=HEADER_BUG)
 @pytest.mark.parametrize("producer", NAMES)
 def test_repeated_header_names_are_kept_in_order(kafka, producer):
     node = kafka.node()

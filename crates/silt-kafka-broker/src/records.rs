@@ -172,7 +172,6 @@ pub fn same_batch(meta: &BatchMeta, next: &BatchMeta, records_so_far: usize) -> 
 #[cfg(test)]
 mod tests {
     use bytes::BytesMut;
-    use silt_kafka::kafka_protocol::indexmap::IndexMap;
     use silt_kafka::kafka_protocol::protocol::StrBytes;
     use silt_kafka::kafka_protocol::records::{self as kr, RecordBatchEncoder, RecordEncodeOptions};
 
@@ -185,8 +184,7 @@ mod tests {
     }
 
     fn kafka_record(key: Option<&'static str>, value: Option<&'static [u8]>) -> kr::Record {
-        let mut headers = IndexMap::new();
-        headers.insert(StrBytes::from_static_str("h"), Some(Bytes::from_static(b"v")));
+        let headers = vec![(StrBytes::from_static_str("h"), Some(Bytes::from_static(b"v")))];
         kr::Record {
             transactional: false,
             control: false,
@@ -288,7 +286,7 @@ mod tests {
     #[test]
     fn a_retain_header_asks_for_mqtt_retention_and_is_not_kept() {
         let mut r = kafka_record(Some("status/door"), Some(b"open"));
-        r.headers.insert(StrBytes::from_static_str(RETAIN_HEADER), Some(Bytes::from_static(b"true")));
+        r.headers.push((StrBytes::from_static_str(RETAIN_HEADER), Some(Bytes::from_static(b"true"))));
         let p = decode("status", 0, &produced(Compression::None, &[r]), 1 << 20, 1 << 20).unwrap();
         assert!(p.records[0].attrs & attrs::RETAIN != 0);
         assert!(p.records[0].headers.iter().all(|(k, _)| k != RETAIN_HEADER));

@@ -42,7 +42,7 @@ use anyhow::{anyhow, bail, Result};
 use bytes::{Buf, Bytes, BytesMut};
 use crc::{Crc, CRC_32_ISO_HDLC};
 use crc32c::crc32c;
-use indexmap::IndexMap;
+// Silt: no IndexMap here any more (record headers are a Vec).
 
 use crate::protocol::{
     buf::{gap, ByteBuf, ByteBufMut},
@@ -181,7 +181,8 @@ pub struct Record {
     /// The payload of the record.
     pub value: Option<Bytes>,
     /// Headers associated with the record's payload.
-    pub headers: IndexMap<StrBytes, Option<Bytes>>,
+    // Silt: in order, repeats kept (a map kept one value per name; see vendor/README.md).
+    pub headers: Vec<(StrBytes, Option<Bytes>)>,
 }
 
 const MAGIC_BYTE_OFFSET: usize = 16;
@@ -895,7 +896,7 @@ impl Record {
         let num_headers = num_headers as usize;
 
         // Silt: a header takes at least one byte (see vendor/README.md).
-        let mut headers = IndexMap::with_capacity(num_headers.min(buf.remaining()));
+        let mut headers = Vec::with_capacity(num_headers.min(buf.remaining()));
         for _ in 0..num_headers {
             // Key len
             let key_len: i32 = types::VarInt.decode(buf)?;
@@ -918,7 +919,7 @@ impl Record {
                 Ordering::Greater => Some(buf.try_get_bytes(value_len as usize)?),
             };
 
-            headers.insert(key, value);
+            headers.push((key, value));
         }
 
         Ok(Self {

@@ -12,7 +12,6 @@
 
 use anyhow::{Context, ensure};
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::records::{
     Compression, NO_PARTITION_LEADER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Record, RecordBatchDecoder,
     RecordBatchEncoder, RecordEncodeOptions, TimestampType,
@@ -50,7 +49,7 @@ pub fn encode(values: &[Bytes], key: Option<&Bytes>, timestamp_ms: i64) -> anyho
             timestamp: timestamp_ms,
             key: key.cloned(),
             value: Some(v.clone()),
-            headers: IndexMap::new(),
+            headers: Vec::new(),
         })
         .collect();
     let size: usize = values.iter().map(|v| v.len() + 16).sum::<usize>() + HEADER_BYTES;
