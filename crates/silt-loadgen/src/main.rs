@@ -95,6 +95,10 @@ enum Command {
         target: KafkaTarget,
         #[command(flatten)]
         produce: ProduceArgs,
+        /// Row label in the results [default: "produce" and the shape], e.g. to keep a fill
+        /// apart from a timed run of the same shape.
+        #[arg(long)]
+        case: Option<String>,
     },
     /// Read a Kafka topic from its earliest offsets to the latest ones seen at the start.
     KafkaConsume {
@@ -354,7 +358,8 @@ enum Scenario {
     Flow(FlowConfig),
     Idle(IdleConfig),
     Drain(DrainConfig),
-    KafkaProduce(ProduceConfig),
+    /// The config and the row label.
+    KafkaProduce(ProduceConfig, String),
     KafkaRead(ReadConfig),
     KafkaTail(TailConfig),
     MqttKafka(MqttKafkaConfig),
@@ -438,8 +443,10 @@ fn main() -> ExitCode {
                 pause: secs(drain.pause),
             }),
         ),
-        Command::KafkaProduce { target, produce } => {
-            (kafka_target(target, ProtocolVersion::V3_1_1), Scenario::KafkaProduce(produce_config(produce)))
+        Command::KafkaProduce { target, produce, case } => {
+            let cfg = produce_config(produce);
+            let case = case.unwrap_or_else(|| format!("produce {}", cfg.case()));
+            (kafka_target(target, ProtocolVersion::V3_1_1), Scenario::KafkaProduce(cfg, case))
         }
         Command::KafkaConsume { target, topic, fetch, case, max_time } => (
             kafka_target(target, ProtocolVersion::V3_1_1),
@@ -505,7 +512,7 @@ fn main() -> ExitCode {
         Scenario::Flow(c) => (if c.shape == Shape::FanIn { "fan-in" } else { "fan-out" }, c.case()),
         Scenario::Idle(c) => ("idle", format!("idle {} connections", c.connections)),
         Scenario::Drain(c) => ("drain", format!("offline drain {} QoS1", c.messages)),
-        Scenario::KafkaProduce(c) => ("kafka-produce", format!("produce {}", c.case())),
+        Scenario::KafkaProduce(_, case) => ("kafka-produce", case.clone()),
         Scenario::KafkaRead(c) => ("kafka-consume", c.case.clone().unwrap_or_else(|| "consume from offset 0".into())),
         Scenario::KafkaTail(c) => ("kafka-tail", format!("produce→consume {}", c.produce.case())),
         Scenario::MqttKafka(c) => ("mqtt-kafka", c.case()),
@@ -515,8 +522,8 @@ fn main() -> ExitCode {
             Scenario::Flow(c) => flow::run(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
             Scenario::Idle(c) => idle::run(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
             Scenario::Drain(c) => drain::run(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
-            Scenario::KafkaProduce(c) => {
-                kafka::produce::run(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?))
+            Scenario::KafkaProduce(c, case) => {
+                kafka::produce::run(&env, c, case).await.and_then(|r| Ok(serde_json::to_string(&r)?))
             }
             Scenario::KafkaRead(c) => kafka::consume::read(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),
             Scenario::KafkaTail(c) => kafka::consume::tail(&env, c).await.and_then(|r| Ok(serde_json::to_string(&r)?)),

@@ -362,7 +362,8 @@ pub struct ProduceReport {
     pub loadgen_cpu_s: Option<f64>,
 }
 
-pub async fn run(env: &Env, cfg: ProduceConfig) -> anyhow::Result<ProduceReport> {
+/// Runs the producers of `cfg`; `case` labels the result line.
+pub async fn run(env: &Env, cfg: ProduceConfig, case: String) -> anyhow::Result<ProduceReport> {
     let producers = Producers::connect(env, &cfg).await?;
     let versions = producers.versions;
     eprintln!("{}: produce {} to {} ({:?})", env.label, cfg.case(), env.addr, versions);
@@ -377,7 +378,7 @@ pub async fn run(env: &Env, cfg: ProduceConfig) -> anyhow::Result<ProduceReport>
     let broker_cpu_s = broker_before.zip(broker_after).and_then(|(b, a)| a.cpu_since(&b));
     Ok(ProduceReport {
         scenario: "kafka-produce",
-        case: format!("produce {}", cfg.case()),
+        case,
         broker: env.label.clone(),
         topic: cfg.topic.clone(),
         producers: cfg.producers,

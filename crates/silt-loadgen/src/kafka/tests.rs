@@ -169,7 +169,8 @@ async fn a_read_from_offset_zero_gets_exactly_the_records_produced() {
     let Some(s) = silt() else { return };
     let e = env(&s);
     let cfg = ProduceConfig { records: 1_001, duration: Duration::from_secs(30), ..produce_config("fill") };
-    let p = produce::run(&e, cfg).await.unwrap();
+    let p = produce::run(&e, cfg, "fill".into()).await.unwrap();
+    assert_eq!(p.case, "fill");
     assert_eq!((p.sent, p.acked, p.errors), (1_001, 1_001, 0), "{:?}", p.first_error);
     assert!(p.records_per_s > 0.0 && p.ack_latency_us.is_some_and(|l| l.count == 101));
     assert!(p.broker_cpu_us_per_record.is_some());
