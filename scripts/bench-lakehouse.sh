@@ -7,7 +7,7 @@
 #   ROWS=200000 FRESH_S=20 scripts/bench-lakehouse.sh  # a quick one
 #
 # Settings (environment): ROWS (rows of the backlog and live phases, 1000000), PUBLISHERS
-# (publisher processes, 2), WINDOW (QoS 1 publishes in flight per publisher, 32), RATE (msgs/s of
+# (publisher processes, 8), WINDOW (QoS 1 publishes in flight per publisher, 32), RATE (msgs/s of
 # the freshness phase, 1000), FRESH_S (its seconds of publishing, 60), KEEP=1 (keep the scratch
 # directory under TMPDIR: logs, configs, tables).
 #
@@ -34,5 +34,5 @@ fi
 
 exec .venv/bin/python scripts/bench_lakehouse.py run --silt "$target_dir/release/silt" \
   --loadgen "$target_dir/release/silt-loadgen" \
-  --rows "${ROWS:-1000000}" --publishers "${PUBLISHERS:-2}" --window "${WINDOW:-32}" \
+  --rows "${ROWS:-1000000}" --publishers "${PUBLISHERS:-8}" --window "${WINDOW:-32}" \
   --rate "${RATE:-1000}" --fresh-s "${FRESH_S:-60}" ${KEEP:+--keep}

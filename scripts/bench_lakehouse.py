@@ -190,7 +190,7 @@ class Node:
         env = dict(os.environ, NO_COLOR="1", SILT_LOG="info")
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([silt, "serve", "--config", str(cfg), "--data-dir", str(data_dir),
-                                      "--mqtt", "127.0.0.1:0", "--kafka", "127.0.0.1:0"],
+                                      "--mqtt", "127.0.0.1:0", "--kafka", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
                                      stdout=subprocess.DEVNULL, stderr=self.log, env=env)
         self.pid = self.proc.pid
         self.data_dir = Path(data_dir)
@@ -369,6 +369,13 @@ def column_bytes(paths):
     return out
 
 
+def metadata_sizes(data_dir):
+    """{version: bytes} of the table's vN.metadata.json files, and the bytes of all metadata."""
+    d = Path(table_dir(data_dir), "metadata")
+    versions = {int(p.name[1:-len(".metadata.json")]): p.stat().st_size for p in d.glob("v*.metadata.json")}
+    return {"versions": versions, "total": sum(p.stat().st_size for p in d.iterdir())}
+
+
 def local_path(uri):
     return uri.removeprefix("file://")
 
@@ -539,6 +546,7 @@ def phase_fresh_and_compact(a, work):
     duration = pub["t1"] - pub["t0"]
     t = static_table(data)
     files_before = data_files(t)
+    meta = metadata_sizes(data)
     commit_lines = node.commits()
     commits = len(commit_lines)
     gaps = [b[0] - a_[0] for a_, b in zip(commit_lines, commit_lines[1:])]
@@ -552,7 +560,8 @@ def phase_fresh_and_compact(a, work):
          "avg_file": sum(x["file_size_in_bytes"] for x in files_before) / len(files_before),
          "parquet_bytes": sum(x["file_size_in_bytes"] for x in files_before),
          "payload_bytes": pub["payload_bytes"],
-         "silt_cpu_us_msg": (cpu_pub_end - cpu0) / rows * 1e6, "problems": problems}
+         "silt_cpu_us_msg": (cpu_pub_end - cpu0) / rows * 1e6, "problems": problems, "metadata": meta,
+         "manifests": len(t.current_snapshot().manifests(t.io))}
     print(f"fresh: {f}", file=sys.stderr)
 
     node = Node(a.silt, work, "compact", data, config(lakehouse=True, compaction_interval_ms=1000))
@@ -635,6 +644,13 @@ def report(a, fill, drain, ref, live, ceiling, fresh, comp, elapsed):
     print(f"| median time between commits | {fresh['commit_gap']:.2f} s |")
     print(f"| data files per table per hour, extrapolated from that cadence | {fmt(fresh['files_per_hour_cadence'])} |")
     print(f"| data files per table per hour, extrapolated from files / run time | {fmt(fresh['files_per_hour'])} |")
+    v = fresh["metadata"]["versions"]
+    newest, first = max(v), min(k for k in v if k >= 2)
+    growth = (v[newest] - v[first]) / (newest - first) if newest > first else float("nan")
+    print(f"| table metadata: vN.metadata.json written per commit, newest | {fmt(v[newest])} B (v{newest}) |")
+    print(f"| its growth per commit | {fmt(growth)} B |")
+    print(f"| metadata/ folder (every version kept, manifests, manifest lists) | {fmt(fresh['metadata']['total'])} B |")
+    print(f"| manifests in the current snapshot before compaction | {fresh['manifests']} |")
     print()
     print("| data files (freshness table) | files | average size |")
     print("|---|---:|---:|")
@@ -683,7 +699,7 @@ def main():
     r.add_argument("--silt", required=True)
     r.add_argument("--loadgen", required=True)
     r.add_argument("--rows", type=int, default=1_000_000)
-    r.add_argument("--publishers", type=int, default=2)
+    r.add_argument("--publishers", type=int, default=8)
     r.add_argument("--window", type=int, default=32)
     r.add_argument("--rate", type=float, default=1000)
     r.add_argument("--fresh-s", type=float, default=60)
