@@ -135,7 +135,7 @@ impl Maintenance<'_> {
             .map_err(|e| err("replace snapshot", e))?;
         match self.catalog.commit(self.namespace, self.table, base, c.requirements, c.updates).await {
             Ok(t) => {
-                tracing::info!(table = self.table, files_before = before, files_after = after, "lakehouse compaction");
+                tracing::info!(table = %self.table, files_before = before, files_after = after, "lakehouse compaction");
                 Ok(Some(t))
             }
             Err(e) => {
@@ -211,7 +211,7 @@ impl Maintenance<'_> {
             }
         }
         tracing::info!(
-            table = self.table,
+            table = %self.table,
             snapshots = ids.len(),
             files_deleted = deleted,
             "lakehouse snapshots expired"

@@ -112,11 +112,25 @@ impl EmbeddedCatalog {
         let hint = PutPayload::from(version.to_string().into_bytes());
         if let Err(e) = self.store.store.put(&Self::hint_key(namespace, table), hint).await {
             // The version is committed; readers see it once a later hint is written.
-            tracing::warn!(table, error = %e, "version-hint.text not updated");
+            tracing::warn!(table = %table, error = %e, "version-hint.text not updated");
+        }
+        // Old versions go, as Iceberg's write.metadata.previous-versions-max (100) does: else
+        // the folder grows by a file per commit forever. Far more are kept than a writer can
+        // fall behind before it is fenced (commits are at least 100 ms apart, fencing is found
+        // within seconds), so a stale writer's next version still exists and conflicts.
+        if let Some(old) = version.checked_sub(KEPT_VERSIONS).filter(|v| *v > 0) {
+            let key = Self::metadata_key(namespace, table, old);
+            match self.store.store.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => tracing::debug!(table = %table, error = %e, "an old metadata version was not deleted"),
+            }
         }
         Ok(())
     }
 }
+
+/// Metadata versions kept beside the current one.
+const KEPT_VERSIONS: u64 = 100;
 
 fn version_of(location: &str) -> Option<u64> {
     let name = location.rsplit('/').next()?;
@@ -183,5 +197,44 @@ impl Catalog for EmbeddedCatalog {
         }
         out.sort();
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn only_the_last_versions_are_kept_and_the_next_one_still_conflicts() {
+        let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let catalog = EmbeddedCatalog::new(Store::new(mem.clone(), "memory:///lake"));
+        let creation = crate::schema::creation("t", &Default::default()).unwrap();
+        let mut t = catalog.create("silt", creation).await.unwrap();
+        let mut behind = None;
+        for i in 0..KEPT_VERSIONS + 5 {
+            t = catalog.commit("silt", "t", &t, Vec::new(), Vec::new()).await.unwrap();
+            if i == 10 {
+                behind = Some(t.clone());
+            }
+        }
+        let keys: Vec<String> = mem
+            .list(Some(&Path::from("lakehouse/silt/t/metadata")))
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        let versions: Vec<u64> = keys.iter().filter_map(|k| version_of(k)).collect();
+        let newest = version_of(&t.location).unwrap();
+        assert_eq!(versions.len() as u64, KEPT_VERSIONS, "{versions:?}");
+        assert!(versions.iter().all(|v| *v > newest - KEPT_VERSIONS), "{versions:?}");
+        // A writer many commits behind (less than the versions kept): its next version is
+        // still there, so it conflicts instead of landing on an old table.
+        let stale = catalog.commit("silt", "t", behind.as_ref().unwrap(), Vec::new(), Vec::new()).await;
+        assert!(matches!(stale, Err(CatalogError::Conflict(_))), "{stale:?}");
     }
 }
