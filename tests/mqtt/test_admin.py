@@ -19,18 +19,22 @@ def scrape(s):
     r = requests.get(f"http://127.0.0.1:{s.admin_port}/metrics", timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("application/openmetrics-text"), r.headers
-    assert r.text.rstrip().endswith("# EOF"), r.text[-200:]
+    return parse(r.text)
+
+
+def parse(text):
+    assert text.rstrip().endswith("# EOF"), text[-200:]
     samples = {}
-    for line in r.text.splitlines():
+    for line in text.splitlines():
         if line.startswith("#") or not line:
             continue
         m = SAMPLE.match(line)
         assert m, f"not a Prometheus sample line: {line!r}"
         samples[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return r.text, samples
+    return text, samples
 
 
-def wait_for(s, name, ok, timeout=10):
+def wait_for(s, name, ok, timeout=30):
     deadline = time.monotonic() + timeout
     while True:
         _, got = scrape(s)
@@ -41,12 +45,35 @@ def wait_for(s, name, ok, timeout=10):
         time.sleep(0.2)
 
 
+def histogram(text, name, labels=""):
+    """`(count, sum, [(le, cumulative count)])` of one histogram series, checked for shape: the
+    buckets grow with `le`, end at +Inf, and +Inf equals the count."""
+    want = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    buckets = []
+    for line in text.splitlines():
+        m = re.match(rf"^{name}_bucket\{{(.*)\}} (\S+)$", line)
+        if m:
+            got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            le = got.pop("le")
+            if got == want:
+                buckets.append((float(le), float(m.group(2))))
+    assert buckets, f"{name}{labels} has no buckets:\n{text}"
+    _, got = parse(text)
+    count, total = got[f"{name}_count{labels}"], got[f"{name}_sum{labels}"]
+    assert [le for le, _ in buckets] == sorted(le for le, _ in buckets) and buckets[-1][0] == float("inf")
+    assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])), buckets
+    assert buckets[-1][1] == count, (buckets, count)
+    return count, total, buckets
+
+
 def test_metrics_move_with_known_traffic(start_silt):
     s = start_silt("[mqtt]\nsys_interval_secs = 1\n")
     text, before = scrape(s)
+    text_before = text
     for name in ("silt_uptime_seconds", 'silt_connections{protocol="mqtt"}', "silt_log_end_bytes",
                  'silt_messages_received_total{protocol="mqtt"}', 'silt_received_bytes_total{protocol="mqtt"}',
-                 "silt_sessions", "silt_session_backlog_messages", "silt_tiering_epoch",
+                 'silt_sessions{state="online"}', 'silt_sessions{state="offline"}',
+                 'silt_connects_total{protocol="mqtt"}', "silt_session_backlog_messages", "silt_tiering_epoch",
                  'silt_object_store_requests_total{kind="write"}', "silt_index_dispatch_lag_bytes"):
         assert name in before, f"{name} missing from /metrics:\n{text}"
 
@@ -67,7 +94,19 @@ def test_metrics_move_with_known_traffic(start_silt):
     assert got['silt_received_bytes_total{protocol="mqtt"}'] - before['silt_received_bytes_total{protocol="mqtt"}'] \
         >= 40 * 1000
     assert got["silt_log_end_bytes"] > before["silt_log_end_bytes"] + 40 * 1000
-    assert got["silt_sessions"] >= 2
+    assert got['silt_sessions{state="online"}'] >= 1 and got['silt_sessions{state="offline"}'] >= 1
+    assert got['silt_connects_total{protocol="mqtt"}'] - before['silt_connects_total{protocol="mqtt"}'] >= 2
+    # Every QoS 1 publish was timed to its PUBACK, every append to its answer, and the
+    # default policy (fsync always) fsynced.
+    text, _ = scrape(s)
+    acks, ack_seconds, _ = histogram(text, "silt_ack_latency_seconds", '{protocol="mqtt"}')
+    acks_before, _, _ = histogram(text_before, "silt_ack_latency_seconds", '{protocol="mqtt"}')
+    assert acks - acks_before >= 40 and ack_seconds > 0
+    appends, _, _ = histogram(text, "silt_log_append_latency_seconds")
+    appends_before, _, _ = histogram(text_before, "silt_log_append_latency_seconds")
+    assert appends - appends_before >= 40
+    fsyncs, fsync_seconds, _ = histogram(text, "silt_log_fsync_latency_seconds")
+    assert fsyncs >= 1 and fsync_seconds > 0
     # The backlog figure comes with the $SYS interval (1 s here).
     got = wait_for(s, "silt_session_backlog_messages", lambda v: v >= 40)
     assert got["silt_session_backlog_max_messages"] >= 40
@@ -147,5 +186,15 @@ def test_kafka_figures_sit_beside_the_mqtt_ones(start_silt):
         assert seen == 25
         got = wait_for(s, 'silt_connections{protocol="kafka"}', lambda v: v >= 1)
         assert got['silt_sent_bytes_total{protocol="kafka"}'] >= 25 * 500
+        assert got['silt_connects_total{protocol="kafka"}'] >= 2
+        text, _ = scrape(s)
+        produces, _, _ = histogram(text, "silt_ack_latency_seconds", '{protocol="kafka"}')
+        assert produces >= 1
+        # The group's lag per partition: end offset 25 less what it committed.
+        lag = 'silt_kafka_consumer_group_lag{group="metrics",topic="plant",partition="0"}'
+        c.commit(offsets=[TopicPartition("plant", 0, 10)], asynchronous=False)
+        wait_for(s, lag, lambda v: v == 15)
+        c.commit(offsets=[TopicPartition("plant", 0, 25)], asynchronous=False)
+        wait_for(s, lag, lambda v: v == 0)
     finally:
         c.close()

@@ -61,11 +61,16 @@ struct State {
 /// Broker-wide counters for `$SYS/` and the stats page.
 #[derive(Debug, Default)]
 pub struct Stats {
+    /// Sessions connected now, and CONNECTs accepted since start.
     pub connections: AtomicU64,
+    pub connects: AtomicU64,
     pub messages_received: AtomicU64,
     pub messages_sent: AtomicU64,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
+    /// PUBLISH (QoS 1 and 2) received to stored as its topic's durability asks: when the
+    /// PUBACK / PUBREC can go.
+    pub ack_latency: silt_types::latency::LatencyHistogram,
 }
 
 pub struct Broker {
@@ -328,6 +333,7 @@ impl Broker {
         // A new session is this user's; one taken over (an ACL `takeover`) stays its creator's.
         session.lock().await.owner.get_or_insert(owner);
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
+        self.stats.connects.fetch_add(1, Ordering::Relaxed);
         Ok(Connected { session, session_present: present, conn, kicked })
     }
 

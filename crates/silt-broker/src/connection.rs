@@ -118,7 +118,8 @@ struct Conn<R, W> {
     kicked: Arc<Notify>,
     shutdown: watch::Receiver<bool>,
     /// Inbound QoS 1/2 publishes handed to the log, awaiting durability, in arrival order.
-    stores: VecDeque<(Token, AckFuture)>,
+    /// Stores handed to the log, oldest first, with when each PUBLISH arrived.
+    stores: VecDeque<(Token, AckFuture, std::time::Instant)>,
     /// Retained messages owed to new subscriptions (message, granted QoS, subscription id).
     retained_queue: VecDeque<(Message, silt_mqtt::QoS, Option<u32>)>,
     want_pull: bool,
@@ -318,7 +319,10 @@ where
                 _ = self.shutdown.changed() => self.core.close(Close::Shutdown),
                 _ = self.kicked.notified() => self.core.close(Close::TakenOver),
                 ack = async { (&mut self.stores.front_mut().expect("invariant: guarded").1).await }, if has_pending => {
-                    let (token, _) = self.stores.pop_front().expect("invariant: guarded");
+                    let (token, _, received) = self.stores.pop_front().expect("invariant: guarded");
+                    if ack.is_ok() {
+                        self.broker.stats.ack_latency.observe(received.elapsed());
+                    }
                     let stored = self.durable(ack);
                     self.core.handle_stored(token, stored);
                     self.run_events().await;
@@ -397,7 +401,7 @@ where
     /// acknowledged if they become durable, then the core's last packets leave, the session is
     /// released and the will scheduled.
     async fn finish(mut self) {
-        while let Some((token, ack)) = self.stores.pop_front() {
+        while let Some((token, ack, _)) = self.stores.pop_front() {
             let result = ack.await;
             let stored = self.durable(result);
             self.core.handle_stored(token, stored);

@@ -35,7 +35,7 @@ mod txns;
 pub mod wake;
 
 pub use config::{KafkaConfig, KafkaTlsConfig};
-pub use node::{Kafka, NODE_ID};
+pub use node::{GroupLag, Kafka, NODE_ID};
 
 // The produce path's decoders, for the fuzz targets (`fuzz/`): no broker needed.
 #[doc(hidden)]

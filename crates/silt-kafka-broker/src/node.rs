@@ -31,16 +31,33 @@ pub struct Kafka {
     pub stats: KafkaStats,
 }
 
+/// One consumer group's position on one partition ([`Kafka::group_lags`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupLag {
+    pub group: String,
+    pub topic: String,
+    pub partition: i32,
+    pub committed: i64,
+    /// The partition's end offset (high watermark).
+    pub end: u64,
+    pub lag: u64,
+}
+
 /// Counters of the Kafka view, for `/metrics`.
 #[derive(Default)]
 pub struct KafkaStats {
     /// Open client connections.
     pub connections: std::sync::atomic::AtomicU64,
+    /// Connections accepted since start.
+    pub connects: std::sync::atomic::AtomicU64,
     /// Records appended by Produce, and the bytes of their record batches as sent.
     pub records_received: std::sync::atomic::AtomicU64,
     pub bytes_received: std::sync::atomic::AtomicU64,
     /// Bytes of record batches answered by Fetch.
     pub bytes_sent: std::sync::atomic::AtomicU64,
+    /// Produce requests with acks 1 or all, received to answered (durable under the topics'
+    /// policies, or refused).
+    pub produce_latency: silt_types::latency::LatencyHistogram,
 }
 
 /// The `(key, value)` topic configs a topic's policy gives (`retention.ms`, ...), for
@@ -117,6 +134,39 @@ impl Kafka {
             }
         }
         Ok(floor)
+    }
+
+    /// Each consumer group's lag per partition it committed an offset for: the partition's end
+    /// offset (its high watermark) less the committed offset, as `kafka-consumer-groups
+    /// --describe` shows it. At most `limit` entries, groups in id order, so a scrape stays
+    /// bounded however many groups clients create. Blocking (reads the index): call it off the
+    /// async runtime.
+    pub fn group_lags(&self, limit: usize) -> silt_storage::Result<Vec<GroupLag>> {
+        let mut committed: Vec<(String, String, i32, i64)> = self.groups.now(|coord, _| {
+            let mut ids: Vec<&str> = coord.groups().map(|g| g.id).collect();
+            ids.sort_unstable();
+            ids.into_iter()
+                .flat_map(|g| {
+                    coord.committed_offsets(g).map(move |(t, p, c)| (g.to_owned(), t.to_owned(), p, c.offset))
+                })
+                .take(limit)
+                .collect()
+        });
+        committed.sort();
+        let storage = self.storage();
+        let mut out = Vec::with_capacity(committed.len());
+        for (group, topic, partition, offset) in committed {
+            let Ok(index) = u32::try_from(partition) else { continue };
+            let name =
+                silt_storage::QueueName::Partition { stream: topic.clone(), partition: silt_types::Partition(index) };
+            let end = match storage.queue_id(&name)? {
+                Some(id) => storage.queue_bounds(id)?.1.get(),
+                None => 0,
+            };
+            let lag = end.saturating_sub(u64::try_from(offset).unwrap_or(0));
+            out.push(GroupLag { group, topic, partition, committed: offset, end, lag });
+        }
+        Ok(out)
     }
 
     /// Writes fresh dumps of the Kafka view's internal state, so its floor moves up.

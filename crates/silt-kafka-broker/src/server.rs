@@ -139,6 +139,7 @@ struct Open(Arc<Kafka>);
 impl Open {
     fn new(k: Arc<Kafka>) -> Self {
         k.stats.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        k.stats.connects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Open(k)
     }
 }

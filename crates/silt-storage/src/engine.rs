@@ -17,8 +17,10 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use bytes::Bytes;
+use silt_types::latency::HistogramSnapshot;
 use silt_types::{LogPosition, Offset, QueueId, Timestamp, TopicFilter};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
@@ -63,6 +65,9 @@ pub struct StorageStats {
     pub quarantined_bytes: u64,
     /// Records in valid batches that dispatch could not index (skipped with a warning).
     pub skipped_records: u64,
+    /// Submission to answer of each append, and each fsync of the commitlog.
+    pub append_latency: HistogramSnapshot,
+    pub fsync_latency: HistogramSnapshot,
 }
 
 pub struct Storage {
@@ -195,13 +200,14 @@ impl Storage {
         if self.log.is_fenced() {
             return Err(Error::Fenced);
         }
+        let queued = Instant::now();
         let batch = format::encode_batch(records, self.log.config.max_batch_bytes as usize)?;
         let volatile = records.iter().all(|r| r.volatile);
         let n = (batch.frame.len() as u64).min(self.log.config.max_pending_bytes) as u32;
         let permit = self.pending.clone().acquire_many_owned(n).await.map_err(|_| Error::Closed)?;
         let (done, rx) = oneshot::channel();
         self.writer_tx
-            .send(WriterMsg::Append(PendingAppend { batch, volatile, done, _permit: permit }))
+            .send(WriterMsg::Append(PendingAppend { batch, volatile, done, _permit: permit, queued }))
             .map_err(|_| Error::Closed)?;
         Ok(PendingAppendAck(rx))
     }
@@ -484,6 +490,8 @@ impl Storage {
             quarantined_batches: self.log.repairs.quarantined_batches.load(Ordering::Relaxed),
             quarantined_bytes: self.log.repairs.quarantined_bytes.load(Ordering::Relaxed),
             skipped_records: self.log.repairs.skipped_records.load(Ordering::Relaxed),
+            append_latency: self.log.append_latency.snapshot(),
+            fsync_latency: self.log.fsync_latency.snapshot(),
         }
     }
 

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use silt_types::LogPosition;
+use silt_types::latency::LatencyHistogram;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 use crate::config::StorageConfig;
@@ -57,6 +58,8 @@ pub(crate) struct PendingAppend {
     pub volatile: bool,
     pub done: oneshot::Sender<Result<Appended>>,
     pub _permit: OwnedSemaphorePermit,
+    /// When the append was submitted (before waiting for room), for the append latency.
+    pub queued: Instant,
 }
 
 pub(crate) enum WriterMsg {
@@ -116,6 +119,9 @@ pub(crate) struct LogShared {
     cold: OnceLock<Arc<dyn ColdReader>>,
     /// Fsyncs of the active segment since the log was opened.
     pub fsyncs: AtomicU64,
+    /// Submission to answer of each append (its durability wait included), and each fsync.
+    pub append_latency: LatencyHistogram,
+    pub fsync_latency: LatencyHistogram,
     pub repairs: RepairStats,
     /// The final fsync at shutdown failed.
     pub unclean: AtomicBool,
@@ -190,6 +196,8 @@ impl LogShared {
             fenced: AtomicBool::new(false),
             floor: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
+            append_latency: LatencyHistogram::new(),
+            fsync_latency: LatencyHistogram::new(),
             cold: OnceLock::new(),
             repairs,
             unclean: AtomicBool::new(false),

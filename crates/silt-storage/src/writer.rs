@@ -42,7 +42,9 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// An append's answer channel (taken once answered), where it landed, and whether it is
 /// volatile.
-type Ack = (Option<oneshot::Sender<Result<Appended>>>, Appended, bool);
+/// An append's answer channel, what it is answered with, whether it is volatile, and when it
+/// was submitted (for the append latency).
+type Ack = (Option<oneshot::Sender<Result<Appended>>>, Appended, bool, Instant);
 
 /// The group-commit writer. Runs on its own thread until it receives `Shutdown`.
 pub(crate) struct Writer {
@@ -205,7 +207,7 @@ impl Writer {
             let frame = Bytes::from(p.batch.frame);
             written += frame.len() as u64;
             let positions = p.batch.records.iter().map(|(off, _)| at.add(u64::from(*off))).collect();
-            acks.push((Some(p.done), Appended { positions, end: base.add(written) }, p.volatile));
+            acks.push((Some(p.done), Appended { positions, end: base.add(written) }, p.volatile, p.queued));
             frames.push(frame);
         }
         if let Err(e) = self.active.append_frames(&frames) {
@@ -224,13 +226,14 @@ impl Writer {
         // Volatile batches promise nothing past the process: answered before the fsync, and a
         // group of them alone needs none (the next durable group's covers them).
         let mut answered_early = false;
-        for (tx, appended, volatile) in acks.iter_mut() {
+        for (tx, appended, volatile, queued) in acks.iter_mut() {
             if *volatile && let Some(tx) = tx.take() {
+                self.shared.append_latency.observe(queued.elapsed());
                 let _ = tx.send(Ok(appended.clone()));
                 answered_early = true;
             }
         }
-        let durable = acks.iter().any(|(_, _, v)| !v);
+        let durable = acks.iter().any(|(_, _, v, _)| !v);
         if cfg.fsync == FsyncPolicy::Always
             && durable
             && let Err(e) = self.sync()
@@ -248,8 +251,9 @@ impl Writer {
             return;
         }
         self.publish(base, frames);
-        for (tx, appended, _) in acks {
+        for (tx, appended, _, queued) in acks {
             if let Some(tx) = tx {
+                self.shared.append_latency.observe(queued.elapsed());
                 let _ = tx.send(Ok(appended));
             }
         }
@@ -278,7 +282,7 @@ impl Writer {
         let mut off = start_len;
         let mut result = Ok(());
         let mut kept = Vec::with_capacity(frames.len());
-        for (frame, (_, _, volatile)) in frames.into_iter().zip(acks) {
+        for (frame, (_, _, volatile, _)) in frames.into_iter().zip(acks) {
             let len = frame.len() as u64;
             if *volatile {
                 kept.push(frame);
@@ -330,7 +334,9 @@ impl Writer {
     }
 
     fn sync(&mut self) -> Result<()> {
+        let started = Instant::now();
         self.active.sync()?;
+        self.shared.fsync_latency.observe(started.elapsed());
         self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.dirty = false;
         self.last_sync = Instant::now();
@@ -416,7 +422,7 @@ impl Writer {
 
 /// Answers every append of a group not answered yet with a refusal.
 fn refuse(acks: &mut [Ack], why: &str) {
-    for (tx, _, _) in acks.iter_mut() {
+    for (tx, _, _, _) in acks.iter_mut() {
         if let Some(tx) = tx.take() {
             let _ = tx.send(Err(Error::Unavailable(why.to_owned())));
         }

@@ -5,11 +5,13 @@
 //! - [`topic`]: validated `TopicName` / `TopicFilter` and the spec matcher.
 //! - [`trie`]: `TopicTrie`, which finds every filter matching a topic without scanning them all.
 //! - [`log_limit`]: one log line per interval for what a peer can repeat at will.
+//! - [`latency`]: lock-free latency histograms for `/metrics`.
 //!
 //! This crate has no I/O and no runtime dependency; everything in it but [`log_limit`] (which
 //! reads the monotonic clock) is deterministic.
 
 pub mod ids;
+pub mod latency;
 pub mod log_limit;
 pub mod topic;
 pub mod trie;

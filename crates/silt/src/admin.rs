@@ -79,10 +79,14 @@ async fn readyz(State(admin): State<Admin>) -> Response {
 }
 
 async fn metrics(State(admin): State<Admin>) -> Response {
-    let Some(sources) = admin.metrics.get() else {
+    if admin.metrics.get().is_none() {
         return (StatusCode::SERVICE_UNAVAILABLE, "recovering\n").into_response();
+    }
+    // A scrape reads the index (consumer-group lag): off the runtime's threads.
+    let text = match tokio::task::spawn_blocking(move || admin.metrics.get().map(crate::metrics::render)).await {
+        Ok(Some(text)) => text,
+        Ok(None) | Err(_) => return (StatusCode::INTERNAL_SERVER_ERROR, "metrics failed\n").into_response(),
     };
-    let text = crate::metrics::render(sources);
     ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
         .into_response()
 }

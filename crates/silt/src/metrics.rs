@@ -8,13 +8,15 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use silt_broker::Broker;
 use silt_storage::Storage;
 use silt_tiering::Tiering;
+use silt_types::latency::HistogramSnapshot;
 
 use crate::tiered::LakeSlot;
 
@@ -34,7 +36,25 @@ enum Value {
     Counter(u64),
     Gauge(i64),
     Ratio(f64),
+    Histogram(HistogramSnapshot),
 }
+
+/// A histogram read from a [`silt_types::latency::LatencyHistogram`], encoded as one.
+#[derive(Debug)]
+struct ConstHistogram<'a>(&'a HistogramSnapshot);
+
+impl EncodeMetric for ConstHistogram<'_> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        encoder.encode_histogram::<NoLabelSet>(self.0.sum_seconds, self.0.count, &self.0.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// Most consumer-group lag series one scrape reports (groups in id order).
+const MAX_GROUP_LAG_SERIES: usize = 10_000;
 
 #[derive(Debug)]
 struct Figure {
@@ -60,6 +80,11 @@ impl Snapshot {
         self
     }
 
+    fn histogram(&mut self, name: &'static str, help: &'static str, h: HistogramSnapshot) -> &mut Self {
+        self.0.push(Figure { name, help, labels: Vec::new(), value: Value::Histogram(h) });
+        self
+    }
+
     /// The figure just pushed gets `labels`.
     fn with(&mut self, labels: &[(&'static str, &str)]) -> &mut Self {
         if let Some(f) = self.0.last_mut() {
@@ -80,6 +105,7 @@ impl Collector for Snapshot {
             let metric_type = match first.value {
                 Value::Counter(_) => ConstCounter::new(0u64).metric_type(),
                 Value::Gauge(_) | Value::Ratio(_) => ConstGauge::new(0i64).metric_type(),
+                Value::Histogram(_) => MetricType::Histogram,
             };
             let mut m = encoder.encode_descriptor(first.name, first.help, None, metric_type)?;
             for f in family {
@@ -89,6 +115,7 @@ impl Collector for Snapshot {
                     Value::Counter(v) => ConstCounter::new(v).encode(e)?,
                     Value::Gauge(v) => ConstGauge::new(v).encode(e)?,
                     Value::Ratio(v) => ConstGauge::new(v).encode(e)?,
+                    Value::Histogram(ref h) => ConstHistogram(h).encode(e)?,
                 }
             }
         }
@@ -96,7 +123,11 @@ impl Collector for Snapshot {
     }
 }
 
-/// The text of one scrape.
+const ACK_LATENCY_HELP: &str = "Received to acknowledged: an MQTT PUBLISH at QoS 1 or 2 to its PUBACK/PUBREC, a Kafka Produce with acks 1 or all to its response (durable as the topic's policy asks).";
+const CONNECTS_HELP: &str = "Connections accepted (MQTT: CONNECTs accepted).";
+
+/// The text of one scrape. Blocking (reads the index for consumer-group lag): call it off the
+/// async runtime.
 pub fn render(src: &Sources) -> String {
     let mut s = Snapshot::default();
     s.gauge("silt_uptime_seconds", "Seconds since this node started.", src.started.elapsed().as_secs());
@@ -107,13 +138,20 @@ pub fn render(src: &Sources) -> String {
         let st = &b.stats;
         let mqtt = [("protocol", "mqtt")];
         s.gauge("silt_connections", "Open client connections.", st.connections.load(Relaxed)).with(&mqtt);
+        s.counter("silt_connects", CONNECTS_HELP, st.connects.load(Relaxed)).with(&mqtt);
+        s.histogram("silt_ack_latency_seconds", ACK_LATENCY_HELP, st.ack_latency.snapshot()).with(&mqtt);
         s.counter("silt_messages_received", "Messages received from clients.", st.messages_received.load(Relaxed))
             .with(&mqtt);
         s.counter("silt_messages_sent", "Messages delivered to clients.", st.messages_sent.load(Relaxed)).with(&mqtt);
         s.counter("silt_received_bytes", "Bytes read from clients.", st.bytes_received.load(Relaxed)).with(&mqtt);
         s.counter("silt_sent_bytes", "Bytes written to clients.", st.bytes_sent.load(Relaxed)).with(&mqtt);
         let (_, total, largest) = b.backlog_summary();
-        s.gauge("silt_sessions", "MQTT sessions, online and offline.", b.session_count() as u64);
+        let sessions = b.session_count() as u64;
+        let online = st.connections.load(Relaxed).min(sessions);
+        s.gauge("silt_sessions", "MQTT sessions, by whether a client is connected to them.", online)
+            .with(&[("state", "online")])
+            .gauge("silt_sessions", "MQTT sessions, by whether a client is connected to them.", sessions - online)
+            .with(&[("state", "offline")]);
         s.gauge(
             "silt_session_backlog_messages",
             "Messages waiting for all sessions together (as of the last $SYS interval).",
@@ -134,6 +172,7 @@ pub fn render(src: &Sources) -> String {
         let at = |s: &Snapshot, name: &str| s.0.iter().rposition(|f| f.name == name).map_or(s.0.len(), |i| i + 1);
         for (name, help, counter, v) in [
             ("silt_connections", "Open client connections.", false, st.connections.load(Relaxed)),
+            ("silt_connects", CONNECTS_HELP, true, st.connects.load(Relaxed)),
             ("silt_messages_received", "Messages received from clients.", true, st.records_received.load(Relaxed)),
             ("silt_received_bytes", "Bytes read from clients.", true, st.bytes_received.load(Relaxed)),
             ("silt_sent_bytes", "Bytes written to clients.", true, st.bytes_sent.load(Relaxed)),
@@ -142,6 +181,25 @@ pub fn render(src: &Sources) -> String {
             let labels = kafka.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
             let i = at(&s, name);
             s.0.insert(i, Figure { name, help, labels, value });
+        }
+        let labels = kafka.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        let value = Value::Histogram(st.produce_latency.snapshot());
+        let i = at(&s, "silt_ack_latency_seconds");
+        s.0.insert(i, Figure { name: "silt_ack_latency_seconds", help: ACK_LATENCY_HELP, labels, value });
+        match k.group_lags(MAX_GROUP_LAG_SERIES) {
+            Ok(lags) => {
+                for l in lags {
+                    let partition = l.partition.to_string();
+                    let labels = [("group", l.group.as_str()), ("topic", l.topic.as_str()), ("partition", &partition)];
+                    s.gauge(
+                        "silt_kafka_consumer_group_lag",
+                        "Records a consumer group has not committed: the partition's end offset less the group's committed offset.",
+                        l.lag,
+                    )
+                    .with(&labels);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "consumer group lag could not be read for /metrics"),
         }
     }
     let st = src.storage.stats();
@@ -158,6 +216,12 @@ pub fn render(src: &Sources) -> String {
     )
     .gauge("silt_log_segments", "Commitlog segments on the local disk.", st.segments as u64)
     .counter("silt_log_fsyncs", "Fsyncs of the commitlog.", st.fsyncs)
+    .histogram(
+        "silt_log_append_latency_seconds",
+        "Commitlog appends, submitted to answered (written, and fsynced when the policy asks).",
+        st.append_latency.clone(),
+    )
+    .histogram("silt_log_fsync_latency_seconds", "Fsyncs of the commitlog's active segment.", st.fsync_latency.clone())
     .gauge("silt_tail_cache_bytes", "Bytes in the tail cache.", st.tail_cache_bytes)
     .gauge("silt_index_sst_bytes", "Bytes of the index's SST files.", st.index_sst_bytes)
     .gauge("silt_index_memtable_bytes", "Bytes of the index's memtables.", st.index_memtable_bytes)

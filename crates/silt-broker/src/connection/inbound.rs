@@ -60,6 +60,7 @@ where
 
     /// Hands a publish to the log (QoS 1/2: its durability is awaited in `stores`).
     async fn store(&mut self, token: Option<Token>, p: Publish) {
+        let received = std::time::Instant::now();
         if let (Some(token), Some(id), QoS::ExactlyOnce) = (token, p.packet_id, p.qos)
             && self.session.lock().await.inbound_qos2.contains(&id.get())
         {
@@ -93,7 +94,7 @@ where
         };
         match self.broker.submit(&message).await {
             Ok(ack) => match token {
-                Some(token) => self.stores.push_back((token, ack)),
+                Some(token) => self.stores.push_back((token, ack, received)),
                 // QoS 0: nobody waits for the log; the append still happens in order.
                 None => {
                     tokio::spawn(async move {

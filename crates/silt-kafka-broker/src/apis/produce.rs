@@ -48,6 +48,7 @@ enum Slot {
 }
 
 pub async fn produce(kafka: &Kafka, ctx: &Ctx, req: ProduceRequest) -> Outcome {
+    let received = std::time::Instant::now();
     let txn_id = req.transactional_id.as_ref().map(|t| t.0.as_str().to_owned());
     let refusal = if !(-1..=1).contains(&req.acks) {
         Some(ResponseError::InvalidRequiredAcks)
@@ -122,6 +123,7 @@ pub async fn produce(kafka: &Kafka, ctx: &Ctx, req: ProduceRequest) -> Outcome {
             _ => topics.push(TopicProduceResponse::default().with_name(name).with_partition_responses(vec![part])),
         }
     }
+    kafka.stats.produce_latency.observe(received.elapsed());
     respond(ResponseKind::Produce(ProduceResponse::default().with_responses(topics)))
 }
 

@@ -1,0 +1,102 @@
+//! Latency histograms the hot paths fill and `/metrics` reads: one relaxed atomic add per
+//! observation (plus one for the sum), no lock and no allocation, so a PUBACK or an fsync can
+//! be timed on every message. The bucket bounds are fixed, the same for every histogram, and
+//! span what a broker's latencies span: 100 µs (a memory-tier ack) to 10 s (a stalled disk or
+//! bucket); slower observations land in the `+Inf` bucket.
+//!
+//! Hand-written rather than `prometheus-client`'s `Histogram` because that one takes a lock per
+//! observation and would make every crate that records depend on the metrics library; this
+//! module stays in the dependency-free vocabulary crate and the admin listener converts.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Upper bounds of the buckets, in seconds (the last bucket, `+Inf`, is implied).
+pub const BOUNDS_SECONDS: [f64; 16] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+const BOUNDS_NANOS: [u64; 16] = {
+    let mut out = [0u64; 16];
+    let mut i = 0;
+    while i < 16 {
+        out[i] = (BOUNDS_SECONDS[i] * 1e9) as u64;
+        i += 1;
+    }
+    out
+};
+
+/// A latency histogram with the fixed buckets of [`BOUNDS_SECONDS`].
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Observations per bucket (not cumulative); the last is `+Inf`.
+    buckets: [AtomicU64; 17],
+    sum_nanos: AtomicU64,
+}
+
+/// A histogram as read at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistogramSnapshot {
+    pub sum_seconds: f64,
+    pub count: u64,
+    /// `(upper bound in seconds, observations in this bucket)`, not cumulative, ending with
+    /// `(f64::INFINITY, _)`.
+    pub buckets: Vec<(f64, u64)>,
+}
+
+impl LatencyHistogram {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let i = BOUNDS_NANOS.partition_point(|&b| b < nanos);
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_nanos.fetch_add(nanos, Relaxed);
+    }
+
+    /// The counts so far. Taken bucket by bucket while others may record: the count is the sum
+    /// of the buckets read, so the snapshot is consistent with itself.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let buckets: Vec<(f64, u64)> = BOUNDS_SECONDS
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(self.buckets.iter().map(|b| b.load(Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        HistogramSnapshot { sum_seconds: self.sum_nanos.load(Relaxed) as f64 / 1e9, count, buckets }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observations_land_in_the_bucket_whose_bound_is_at_or_above_them() {
+        let h = LatencyHistogram::new();
+        h.observe(Duration::from_micros(50)); // ≤ 100 µs
+        h.observe(Duration::from_micros(100)); // exactly on a bound: that bucket (le = 0.0001)
+        h.observe(Duration::from_micros(101)); // ≤ 250 µs
+        h.observe(Duration::from_millis(3)); // ≤ 5 ms
+        h.observe(Duration::from_secs(60)); // +Inf
+        let s = h.snapshot();
+        assert_eq!(s.count, 5);
+        assert_eq!(s.buckets.len(), 17);
+        assert_eq!(s.buckets[0], (0.0001, 2));
+        assert_eq!(s.buckets[1], (0.00025, 1));
+        assert_eq!(s.buckets[5], (0.005, 1));
+        assert_eq!(s.buckets[16], (f64::INFINITY, 1));
+        assert!((s.sum_seconds - (60.0 + 0.003 + 0.000_251)).abs() < 1e-9, "{}", s.sum_seconds);
+    }
+
+    #[test]
+    fn an_empty_histogram_reads_zero() {
+        let s = LatencyHistogram::new().snapshot();
+        assert_eq!(s.count, 0);
+        assert_eq!(s.sum_seconds, 0.0);
+        assert!(s.buckets.iter().all(|(_, n)| *n == 0));
+    }
+}
