@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lru::LruCache;
-use silt_types::{LogPosition, Offset, QueueId, TopicFilter, TopicTrie};
+use silt_types::{LogPosition, Offset, QueueId, Timestamp, TopicFilter, TopicTrie};
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
@@ -77,7 +77,15 @@ struct FilterQueue {
 struct QueueState {
     id: QueueId,
     next: Offset,
+    /// The largest record timestamp the queue holds so far. A stream partition's entries
+    /// carry it instead of their own record's (Kafka's time index does the same): the
+    /// timestamps of a partition are its producers' CreateTime, in any order, and a binary
+    /// search over a running maximum finds the first record at or after a time exactly.
+    max_ts: Timestamp,
 }
+
+/// No record yet: below every timestamp.
+const NO_TIME: Timestamp = Timestamp(i64::MIN);
 
 pub(crate) struct Dispatcher {
     log: Arc<LogShared>,
@@ -301,30 +309,42 @@ impl Dispatcher {
     /// Appends `entry` to the queue named by `key`, creating the queue (topics and partitions
     /// only) when it does not exist yet.
     fn push(&mut self, round: &mut Round<'_>, key: Vec<u8>, pos: LogPosition, entry: &IndexEntry) -> Result<()> {
+        let key_is_partition = key.first() == Some(&b'p');
         let state = match round.touched.get_mut(&key) {
             Some(s) => s,
             None => {
                 let s = match self.cache.get(&key) {
                     Some(s) => *s,
                     None => match self.index.lookup_key(&key)? {
-                        Some(meta) => QueueState {
-                            id: meta.id,
-                            next: self.index.last_offset(meta.id)?.map_or(Offset(0), Offset::next),
-                        },
+                        Some(meta) => {
+                            let last = self.index.last_offset(meta.id)?;
+                            let max_ts = match last {
+                                Some(o) if key.first() == Some(&b'p') => {
+                                    self.index.read(meta.id, o, 1)?.first().map_or(NO_TIME, |(_, e)| e.timestamp)
+                                }
+                                _ => NO_TIME,
+                            };
+                            QueueState { id: meta.id, next: last.map_or(Offset(0), Offset::next), max_ts }
+                        }
                         None if key.first() == Some(&b'f') => {
                             return Err(Error::Invalid("filter queue matched but not registered".into()));
                         }
                         None => {
                             let id = self.allocate(round);
                             round.batch.put_queue(&key, &QueueMeta { id, since: pos });
-                            QueueState { id, next: Offset(0) }
+                            QueueState { id, next: Offset(0), max_ts: NO_TIME }
                         }
                     },
                 };
                 round.touched.entry(key).or_insert(s)
             }
         };
-        round.batch.put_entry(state.id, state.next, entry);
+        if key_is_partition {
+            state.max_ts = state.max_ts.max(entry.timestamp);
+            round.batch.put_entry(state.id, state.next, &IndexEntry { timestamp: state.max_ts, ..*entry });
+        } else {
+            round.batch.put_entry(state.id, state.next, entry);
+        }
         state.next = state.next.next();
         if !self.listeners.is_empty() {
             round.queues.push(state.id);
@@ -363,7 +383,7 @@ impl Dispatcher {
                 let id = self.allocate(round);
                 round.batch.put_queue(&key, &QueueMeta { id, since: pos });
                 self.filters.insert(&filter, FilterQueue { id, since: pos });
-                round.touched.insert(key, QueueState { id, next: Offset(0) });
+                round.touched.insert(key, QueueState { id, next: Offset(0), max_ts: NO_TIME });
             }
             (OP_DROP_FILTER, Some(id)) => {
                 round.batch.delete_queue(&key, id);

@@ -295,9 +295,11 @@ impl Storage {
     }
 
     /// The first offset of queue `id` at or above `from` whose entry's timestamp is at least
-    /// `ts`, if any (Kafka's ListOffsets by time). Timestamps are taken to grow with offsets,
-    /// as they do for records timestamped by the broker; with producer timestamps out of
-    /// order the answer is one such offset, not necessarily the first.
+    /// `ts`, if any (Kafka's ListOffsets by time). A stream partition's entries carry the
+    /// running maximum of its record timestamps (see the dispatcher), so with producer
+    /// timestamps in any order this is exactly the first record at or after `ts`, as Kafka
+    /// answers. (Entries written before partitions kept the maximum carry their own record's
+    /// time; over those the answer is one such offset, not necessarily the first.)
     pub fn offset_for_time(&self, id: QueueId, from: Offset, ts: Timestamp) -> Result<Option<Offset>> {
         let index = self.index()?;
         let next = index.last_offset(id)?.map_or(Offset(0), Offset::next);

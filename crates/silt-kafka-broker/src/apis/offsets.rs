@@ -87,14 +87,19 @@ fn one(storage: &Storage, streams: &Streams, topic: &str, partition: i32, ts: i6
             LATEST => (Some(end.get()), -1),
             EARLIEST => (Some(start.get()), -1),
             MAX_TIMESTAMP => {
-                // The newest record's is the largest timestamp when they grow with offsets.
-                match end.get().checked_sub(1).filter(|last| *last >= start.get()) {
-                    Some(last) => {
-                        let ts =
-                            storage.read_index(id, Offset(last), 1)?.first().map_or(-1, |(_, e)| e.timestamp.get());
-                        (Some(last), ts)
+                // The last entry carries the partition's largest timestamp (a running maximum):
+                // the record holding it is the first entry that reaches it.
+                let last = end.get().checked_sub(1).filter(|last| *last >= start.get());
+                let max = match last {
+                    Some(last) => storage.read_index(id, Offset(last), 1)?.first().map(|(_, e)| e.timestamp),
+                    None => None,
+                };
+                match (last, max) {
+                    (Some(last), Some(max)) => {
+                        let at = storage.offset_for_time(id, start, max)?.map_or(last, |o| o.get());
+                        (Some(at), max.get())
                     }
-                    None => (Some(end.get()), -1),
+                    _ => (Some(end.get()), -1),
                 }
             }
             t if t >= 0 => match storage.offset_for_time(id, start, Timestamp(t))? {
