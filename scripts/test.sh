@@ -12,8 +12,9 @@ step() { printf '\n==> %s\n' "$*"; }
 
 # --- system packages ---------------------------------------------------------------------
 # libclang-dev: bindgen for RocksDB; protobuf-compiler: gRPC; mosquitto(-clients): MQTT peers;
-# openssl: certificates for the TLS tests; kcat: a Kafka peer (librdkafka 2.0).
-apt_packages=(libclang-dev protobuf-compiler mosquitto mosquitto-clients openssl kcat)
+# openssl: certificates for the TLS tests; kcat: a Kafka peer (librdkafka 2.0); chromium: the
+# status page test renders `/` headless.
+apt_packages=(libclang-dev protobuf-compiler mosquitto mosquitto-clients openssl kcat chromium)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -124,6 +124,8 @@ struct Inner {
     log: ManifestLog,
     manifest: tokio::sync::Mutex<Manifest>,
     epoch: u64,
+    /// This node's name in the manifest (`writer`).
+    writer: String,
     policies: Arc<Policies>,
     storage: OnceLock<Arc<Storage>>,
     internal: OnceLock<Arc<dyn InternalState>>,
@@ -234,6 +236,7 @@ impl Tiering {
             store,
             log,
             epoch: mine.epoch,
+            writer: mine.writer.clone(),
             manifest: tokio::sync::Mutex::new(mine),
 
             policies: Arc::new(policies),
@@ -279,6 +282,11 @@ impl Tiering {
     /// This node's epoch: newer nodes on the prefix have higher ones.
     pub fn epoch(&self) -> u64 {
         self.inner.epoch
+    }
+
+    /// This node's name in the manifest (host, process and a random part), beside its epoch.
+    pub fn node_id(&self) -> &str {
+        &self.inner.writer
     }
 
     /// Whether a newer node took the prefix over.

@@ -885,6 +885,17 @@ impl Broker {
         (last.len(), last.values().sum(), last.values().copied().max().unwrap_or(0))
     }
 
+    /// The `n` sessions with the most messages waiting, most first (client id, backlog), as
+    /// `$SYS` last published them: cheap, for the status page.
+    pub fn largest_backlogs(&self, n: usize) -> Vec<(String, u64)> {
+        let last = self.sys_backlogs.lock().expect("invariant: lock not poisoned");
+        let mut all: Vec<(String, u64)> = last.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        drop(last);
+        all.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        all.truncate(n);
+        all
+    }
+
     pub async fn backlogs(&self) -> Vec<(String, u64)> {
         let sessions: Vec<(String, SessionRef)> =
             self.state().sessions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();

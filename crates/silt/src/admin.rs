@@ -3,6 +3,7 @@
 //! - `/metrics`: Prometheus text ([`crate::metrics`]);
 //! - `/healthz`: the process answers; `/readyz`: 200 once recovery finished and every listener
 //!   is bound, 503 while recovering, when fenced by a newer node, or stopping;
+//! - `/`: the status page, and `/api/status`, its figures as JSON ([`crate::status`]);
 //! - `/iceberg/...`: the read side of the Iceberg REST catalog protocol over the node's
 //!   lakehouse tables (`silt_lakehouse::serve`), so DuckDB, pyiceberg, Trino or Spark find the
 //!   tables by name.
@@ -10,7 +11,7 @@
 //! axum, on the broker's runtime; catalog reads run on the lakehouse's own.
 
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -27,6 +28,9 @@ pub struct AdminState {
     phase: AtomicU8,
     pub lakehouse: OnceLock<Arc<Lakehouse>>,
     pub metrics: OnceLock<crate::metrics::Sources>,
+    /// `(protocol, bound address)` of each listener, added as they bind.
+    listeners: Mutex<Vec<(String, String)>>,
+    history: crate::status::History,
 }
 
 // 0, the default: recovering.
@@ -40,6 +44,11 @@ impl AdminState {
 
     pub fn stopping(&self) {
         self.phase.store(STOPPING, Ordering::Release);
+    }
+
+    /// A listener bound `addr` (for the status page).
+    pub fn bound(&self, protocol: impl Into<String>, addr: impl ToString) {
+        self.listeners.lock().expect("invariant: lock not poisoned").push((protocol.into(), addr.to_string()));
     }
 }
 
@@ -56,14 +65,40 @@ pub async fn run(listener: TcpListener, state: Arc<AdminState>, mut stop: watch:
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/", get(|| async { axum::response::Html(crate::status::INDEX_HTML) }))
+        .route("/status.js", get(|| async { asset("text/javascript; charset=utf-8", crate::status::STATUS_JS) }))
+        .route("/status.css", get(|| async { asset("text/css; charset=utf-8", crate::status::STATUS_CSS) }))
+        .route("/api/status", get(status))
         .route("/iceberg", any(|m: Method, s: State<Admin>| iceberg(m, s, String::new())))
         .route("/iceberg/{*path}", any(|m: Method, s: State<Admin>, Path(p): Path<String>| iceberg(m, s, p)))
-        .with_state(state);
+        .with_state(state.clone());
+    let sampler = tokio::spawn(async move { crate::status::sample_every(&state.history, &state.metrics).await });
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
         tracing::warn!(error = %e, "admin listener failed");
+    }
+    sampler.abort();
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn status(State(admin): State<Admin>) -> Response {
+    if admin.metrics.get().is_none() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "recovering\n").into_response();
+    }
+    // Reads the index (consumer-group lag): off the runtime's threads.
+    let doc = tokio::task::spawn_blocking(move || {
+        let listeners = admin.listeners.lock().expect("invariant: lock not poisoned").clone();
+        admin.metrics.get().map(|m| crate::status::collect(m, &listeners, &admin.history))
+    })
+    .await;
+    match doc {
+        Ok(Some(doc)) => axum::Json(doc).into_response(),
+        Ok(None) | Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "status failed\n").into_response(),
     }
 }
 

@@ -8,6 +8,7 @@ mod admin;
 mod config;
 mod fsck;
 mod metrics;
+mod status;
 mod tiered;
 
 use std::path::PathBuf;
@@ -88,8 +89,8 @@ struct ServeArgs {
     /// `tiering.object_store` (default: DATA_DIR/objects).
     #[arg(long, value_name = "URL")]
     object_store: Option<String>,
-    /// Admin HTTP listener (`/metrics`, `/healthz`, `/readyz`, the Iceberg REST catalog at
-    /// `/iceberg`); overrides `admin.listen` (default 127.0.0.1:8080).
+    /// Admin HTTP listener (the status page at `/` and `/api/status`, `/metrics`, `/healthz`,
+    /// `/readyz`, the Iceberg REST catalog at `/iceberg`); overrides `admin.listen` (default 127.0.0.1:8080).
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
 }
@@ -206,6 +207,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         true => {
             let listener = rt.block_on(admin::bind(&cfg.admin.listen))?;
             tracing::info!(addr = %listener.local_addr()?, "admin listener bound");
+            admin_state.bound("admin", listener.local_addr()?);
             Some(rt.spawn(admin::run(listener, admin_state.clone(), stop_rx.clone())))
         }
         false => None,
@@ -255,6 +257,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listeners = rt.block_on(silt_broker::listeners::Listener::bind_all(&cfg.mqtt))?;
     for l in &listeners {
         tracing::info!(kind = %l.kind(), addr = %l.local_addr()?, "mqtt listener bound");
+        admin_state.bound(format!("mqtt {}", l.kind()), l.local_addr()?);
     }
     let mqtt_addr = listeners[0].local_addr()?;
     let mut visibility: Option<Arc<dyn silt_lakehouse::Visibility>> = None;
@@ -265,6 +268,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         for (kind, addr) in listeners.addrs()? {
             let advertised = node.advertised_for(kind == "tls");
             tracing::info!(kind, %addr, ?advertised, "kafka listener bound");
+            admin_state.bound(format!("kafka {kind}"), addr);
         }
         Some(rt.spawn(silt_kafka_broker::server::run(node, listeners, stop_rx.clone())))
     } else {
