@@ -49,6 +49,22 @@ pub enum QueueName {
 }
 
 impl QueueName {
+    /// The inverse of [`Self::encode`].
+    pub(crate) fn decode(k: &[u8]) -> Option<QueueName> {
+        let (kind, rest) = k.split_first()?;
+        match kind {
+            b'p' => {
+                let len = u16::from_be_bytes(rest.get(..2)?.try_into().ok()?) as usize;
+                let stream = std::str::from_utf8(rest.get(2..2 + len)?).ok()?.to_owned();
+                let p = u32::from_be_bytes(rest.get(2 + len..2 + len + 4)?.try_into().ok()?);
+                Some(QueueName::Partition { stream, partition: Partition(p) })
+            }
+            b't' => Some(QueueName::Topic(std::str::from_utf8(rest).ok()?.to_owned())),
+            b'f' => Some(QueueName::Filter(std::str::from_utf8(rest).ok()?.to_owned())),
+            _ => None,
+        }
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         match self {
             QueueName::Partition { stream, partition } => {
@@ -132,6 +148,21 @@ pub(crate) struct Index {
 
 impl Index {
     pub fn open(path: &Path, config: &StorageConfig) -> Result<Index> {
+        let (opts, cfs) = Self::options(config);
+        let db = DB::open_cf_descriptors(&opts, path, cfs)?;
+        Ok(Index { db })
+    }
+
+    /// Opens an existing index without writing to it or taking its lock (`silt fsck`).
+    pub fn open_read_only(path: &Path, config: &StorageConfig) -> Result<Index> {
+        let (mut opts, cfs) = Self::options(config);
+        opts.create_if_missing(false);
+        opts.create_missing_column_families(false);
+        let db = DB::open_cf_descriptors_read_only(&opts, path, cfs, false)?;
+        Ok(Index { db })
+    }
+
+    fn options(config: &StorageConfig) -> (Options, Vec<ColumnFamilyDescriptor>) {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -165,8 +196,7 @@ impl Index {
             ColumnFamilyDescriptor::new(CF_REGISTRY, registry),
             ColumnFamilyDescriptor::new(CF_CQ, cq),
         ];
-        let db = DB::open_cf_descriptors(&opts, path, cfs)?;
-        Ok(Index { db })
+        (opts, cfs)
     }
 
     fn cf(&self, name: &str) -> &ColumnFamily {
@@ -193,6 +223,18 @@ impl Index {
 
     pub fn lookup_key(&self, key: &[u8]) -> Result<Option<QueueMeta>> {
         Ok(self.db.get_pinned_cf(self.cf(CF_REGISTRY), key)?.and_then(|v| QueueMeta::decode(&v)))
+    }
+
+    /// Every registered queue: its encoded name and meta.
+    pub fn registry(&self) -> Result<Vec<(Vec<u8>, QueueMeta)>> {
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(CF_REGISTRY), IteratorMode::Start) {
+            let (k, v) = item?;
+            if let Some(m) = QueueMeta::decode(&v) {
+                out.push((k.to_vec(), m));
+            }
+        }
+        Ok(out)
     }
 
     /// Every registered filter queue.

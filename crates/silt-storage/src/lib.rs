@@ -10,6 +10,7 @@
 //! - `index`: consume queues in RocksDB (entries, queue registry, checkpoint).
 //! - `dispatch`: the thread that follows the log and writes index entries, with wildcard
 //!   multi-dispatch into filter queues.
+//! - [`check_index`]: the offline check of the index against the log (`silt fsck`).
 //! - [`Storage`]: the handle the broker uses.
 //! - [`StorageConfig`]: settings, with defaults for a single VM.
 //!
@@ -20,6 +21,7 @@
 //! bytes that failed their CRC: they are healed or quarantined, counted and logged. The index
 //! can always be rebuilt from the log.
 
+mod check;
 mod config;
 mod dispatch;
 mod engine;
@@ -34,6 +36,7 @@ mod tail;
 mod throttle;
 mod writer;
 
+pub use check::{IndexCheck, check_index};
 pub use config::{FsyncPolicy, StorageConfig};
 pub use dispatch::{DispatchListener, Dispatched};
 pub use engine::{PendingAppendAck, Storage, StorageStats};

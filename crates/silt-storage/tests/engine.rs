@@ -392,6 +392,48 @@ fn offsets_are_found_by_position_and_by_time() {
     assert_eq!(at(1_991), None, "nothing that late");
 }
 
+/// Producer timestamps in any order: a stream partition's entries carry the running maximum
+/// (as Kafka's time index does), so the first record at or after a time is found exactly, also
+/// across a restart; a topic queue keeps each record's own time (MQTT expiry reads it).
+#[test]
+fn offset_for_time_finds_the_first_record_at_or_after_a_time_in_any_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = QueueName::Partition { stream: "k".into(), partition: Partition(0) };
+    let append = |s: &silt_storage::Storage, ts: i64| {
+        let mut r = record("k", 0, "k/x", "v");
+        r.timestamp = silt_types::Timestamp(ts);
+        s.append_blocking(&[r]).unwrap();
+        s.wait_dispatched_blocking(s.stats().log_end).unwrap();
+    };
+    let at = |s: &silt_storage::Storage, ts: i64| {
+        let id = s.queue_id(&p).unwrap().unwrap();
+        s.offset_for_time(id, silt_types::Offset(0), silt_types::Timestamp(ts)).unwrap().map(|o| o.get())
+    };
+    {
+        let s = open(dir.path());
+        for ts in [1000, 5000, 2000, 3000, 6000, 4000] {
+            append(&s, ts);
+        }
+        assert_eq!(at(&s, 500), Some(0));
+        assert_eq!(at(&s, 1500), Some(1), "5000 is the first at or after 1500, not 2000");
+        assert_eq!(at(&s, 2500), Some(1));
+        assert_eq!(at(&s, 5500), Some(4));
+        assert_eq!(at(&s, 7000), None);
+        let topic = s.queue_id(&QueueName::Topic("k/x".into())).unwrap().unwrap();
+        let own: Vec<i64> =
+            s.read_index(topic, silt_types::Offset(0), 10).unwrap().iter().map(|(_, e)| e.timestamp.get()).collect();
+        assert_eq!(own, [1000, 5000, 2000, 3000, 6000, 4000]);
+        s.close().unwrap();
+    }
+    // The maximum carries on from the index after a restart.
+    let s = open(dir.path());
+    append(&s, 7000);
+    append(&s, 500);
+    assert_eq!(at(&s, 6500), Some(6));
+    assert_eq!(at(&s, 7001), None, "500 after 7000 is no later than 7000");
+    assert_eq!(at(&s, 100), Some(0));
+}
+
 /// A deleted Kafka topic: its partition queue goes, a later record starts it at offset 0, and
 /// a rebuilt index agrees (the drop is a record in the log, replayed like the data).
 #[test]

@@ -3,7 +3,10 @@
 //! (the next `silt serve` heals or quarantines what this finds, from the bucket where it can).
 //! Names each bad range by segment and log position; exit code 1 when anything is bad.
 //!
-//! Not checked yet: the consume-queue index against the log.
+//! Then the consume-queue index is checked against the log (`silt_storage::check_index`):
+//! every entry of the local segments' range must name its queue's next record, at dense
+//! offsets, and the index must not cover more log than there is. A missing index is no
+//! problem (the next start builds it from the log).
 
 use std::path::Path;
 
@@ -16,11 +19,14 @@ pub struct Summary {
     pub bytes: u64,
     pub batches: u64,
     pub gaps: u64,
-    /// Human-readable lines, one per bad range.
+    /// The index check, when the data directory has an index.
+    pub index: Option<silt_storage::IndexCheck>,
+    /// Human-readable lines, one per bad range or index disagreement.
     pub problems: Vec<String>,
 }
 
-pub fn run(data_dir: &Path, max_batch_bytes: usize) -> anyhow::Result<Summary> {
+pub fn run(data_dir: &Path, config: &silt_storage::StorageConfig) -> anyhow::Result<Summary> {
+    let max_batch_bytes = config.max_batch_bytes as usize;
     let log_dir = silt_storage::log_dir(data_dir);
     if !log_dir.is_dir() {
         anyhow::bail!("{} has no commitlog (no {})", data_dir.display(), log_dir.display());
@@ -72,5 +78,22 @@ pub fn run(data_dir: &Path, max_batch_bytes: usize) -> anyhow::Result<Summary> {
         }
     }
     bar.finish_and_clear();
+
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template(
+            "{spinner} checking the index against the log {bar:30} {bytes}/{total_bytes} ({eta} left)",
+        )
+        .expect("invariant: a valid template"),
+    );
+    let index = silt_storage::check_index(data_dir, config, &|read| bar.set_position(read))
+        .map_err(|e| anyhow::anyhow!("the index could not be read: {e}"))?;
+    bar.finish_and_clear();
+    if !index.missing {
+        s.problems.extend(index.problems.iter().map(|p| format!("index: {p}")));
+        if index.more_problems > 0 {
+            s.problems.push(format!("index: {} more problems", index.more_problems));
+        }
+        s.index = Some(index);
+    }
     Ok(s)
 }

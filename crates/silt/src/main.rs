@@ -138,20 +138,24 @@ fn passwd(file: &std::path::Path, user: &str) -> anyhow::Result<()> {
 }
 
 fn fsck(data_dir: &std::path::Path, config: Option<&std::path::Path>) -> ExitCode {
-    let max_batch = match config.map(SiltConfig::load).transpose() {
-        Ok(c) => c.unwrap_or_default().storage.max_batch_bytes,
+    let storage = match config.map(SiltConfig::load).transpose() {
+        Ok(c) => c.unwrap_or_default().storage,
         Err(e) => {
             eprintln!("silt: {e:#}");
             return ExitCode::from(2);
         }
     };
-    match fsck::run(data_dir, max_batch as usize) {
+    match fsck::run(data_dir, &storage) {
         Ok(s) => {
             for p in &s.problems {
                 println!("{p}");
             }
+            let index = match &s.index {
+                Some(i) => format!("{} queues, {} index entries checked", i.queues, i.entries),
+                None => "no index (the next start builds it)".to_owned(),
+            };
             println!(
-                "{} segments, {} bytes, {} batches, {} gaps quarantined before: {}",
+                "{} segments, {} bytes, {} batches, {} gaps quarantined before, {index}: {}",
                 s.segments,
                 s.bytes,
                 s.batches,

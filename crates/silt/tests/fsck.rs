@@ -1,6 +1,7 @@
-//! `silt fsck DATA_DIR` on a stopped node's data directory: clean after a clean stop, and a
-//! flipped byte in a sealed segment named by segment and log position (exit code 1), without
-//! the file being changed.
+//! `silt fsck DATA_DIR` on a stopped node's data directory: clean after a clean stop (the
+//! batches and the index against the log), and a flipped byte in a sealed segment named by
+//! segment and log position (exit code 1), without the file being changed. The index check's
+//! findings are tested in silt-storage's `tests/check.rs`.
 
 mod common;
 
@@ -34,6 +35,14 @@ fn fsck_finds_a_flipped_byte_and_changes_nothing() {
     let (code, out) = fsck(&data);
     assert_eq!(code, 0, "{out}");
     assert!(out.trim_end().ends_with("clean"), "{out}");
+    // The index was checked against the log too: every message is in its topic's queue.
+    let entries: u64 = out
+        .split(" index entries checked")
+        .next()
+        .and_then(|h| h.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no index figure in {out}"));
+    assert!(entries >= 60, "{out}");
 
     let log = data.join("log");
     let mut segments: Vec<_> = std::fs::read_dir(&log)
