@@ -907,6 +907,9 @@ impl Broker {
     }
 }
 
+mod admin;
+pub use admin::{DeleteRefused, SessionView};
+
 #[cfg(test)]
 mod tests;
 

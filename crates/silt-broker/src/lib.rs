@@ -36,7 +36,7 @@ pub(crate) fn log_prefix(s: &str) -> &str {
     silt_types::log_limit::prefix(s)
 }
 
-pub use broker::{Broker, ExtraStats, Router};
+pub use broker::{Broker, DeleteRefused, ExtraStats, Router, SessionView};
 pub use config::{MqttConfig, TlsListenerConfig, WsListenerConfig, WssListenerConfig};
 pub use message::Message;
 pub use silt_dataset::{AckFuture, TierDecision, TopicTiers};
