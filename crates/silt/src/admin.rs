@@ -6,7 +6,14 @@
 //! - `/`: the status page, and `/api/status`, its figures as JSON ([`crate::status`]);
 //! - `/iceberg/...`: the read side of the Iceberg REST catalog protocol over the node's
 //!   lakehouse tables (`silt_lakehouse::serve`), so DuckDB, pyiceberg, Trino or Spark find the
-//!   tables by name.
+//!   tables by name;
+//! - `/silt.admin.v1.Admin/...`: the gRPC admin API ([`crate::grpc`]) over HTTP/2 (h2c, prior
+//!   knowledge) on the same port: axum's server answers HTTP/1.1 and HTTP/2 both.
+//!
+//! With `[admin] token_file` set, `/api/` and gRPC need `Authorization: Bearer <token>`
+//! (HTTP 401, gRPC UNAUTHENTICATED without it); without one they are open, which config
+//! validation allows only on a loopback address. `/metrics`, `/healthz`, `/readyz`, the page
+//! and the catalog stay open (Prometheus, load balancers). The token is never logged.
 //!
 //! axum, on the broker's runtime; catalog reads run on the lakehouse's own.
 
@@ -14,7 +21,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
@@ -50,6 +57,80 @@ impl AdminState {
     pub fn bound(&self, protocol: impl Into<String>, addr: impl ToString) {
         self.listeners.lock().expect("invariant: lock not poisoned").push((protocol.into(), addr.to_string()));
     }
+
+    /// `(protocol, bound address)` of each listener bound so far.
+    pub fn listeners(&self) -> Vec<(String, String)> {
+        self.listeners.lock().expect("invariant: lock not poisoned").clone()
+    }
+}
+
+/// The bearer token of `[admin] token_file`. Its `Debug` hides it.
+#[derive(Clone)]
+pub struct Token(Arc<[u8]>);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+impl Token {
+    /// Reads `path`: the token is its content, surrounding whitespace trimmed.
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Token> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("admin.token_file: cannot read {}: {e}", path.display()))?;
+        let token = text.trim();
+        if token.is_empty() {
+            anyhow::bail!("admin.token_file: {} is empty", path.display());
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            anyhow::bail!("admin.token_file: the token in {} must be one word (no spaces)", path.display());
+        }
+        Ok(Token(token.as_bytes().into()))
+    }
+
+    /// Whether an `Authorization` header value carries this token, compared in constant time
+    /// (over the token's length; a length mismatch answers at once, the length is no secret).
+    fn accepts(&self, header: Option<&[u8]>) -> bool {
+        let Some(given) = header.and_then(|h| h.strip_prefix(b"Bearer ")) else {
+            return false;
+        };
+        given.len() == self.0.len() && given.iter().zip(self.0.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+}
+
+/// The paths that need the token when one is configured.
+fn guarded(path: &str) -> Guard {
+    if path.starts_with("/api/") {
+        Guard::Http
+    } else if path.starts_with("/silt.admin.") {
+        Guard::Grpc
+    } else {
+        Guard::Open
+    }
+}
+
+enum Guard {
+    Open,
+    Http,
+    Grpc,
+}
+
+async fn authorize(State(token): State<Option<Token>>, req: Request, next: axum::middleware::Next) -> Response {
+    let Some(token) = token else { return next.run(req).await };
+    let header = req.headers().get(axum::http::header::AUTHORIZATION).map(|v| v.as_bytes());
+    match guarded(req.uri().path()) {
+        Guard::Open => next.run(req).await,
+        _ if token.accepts(header) => next.run(req).await,
+        Guard::Http => (
+            StatusCode::UNAUTHORIZED,
+            [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+            "a bearer token is required (admin.token_file)\n",
+        )
+            .into_response(),
+        Guard::Grpc => tonic::Status::unauthenticated("a bearer token is required (admin.token_file)")
+            .into_http::<axum::body::Body>(),
+    }
 }
 
 type Admin = Arc<AdminState>;
@@ -59,8 +140,10 @@ pub async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("admin.listen {addr}: {e}"))
 }
 
-/// Serves until `stop` turns true.
-pub async fn run(listener: TcpListener, state: Arc<AdminState>, mut stop: watch::Receiver<bool>) {
+/// Serves until `stop` turns true; `token` guards `/api/` and gRPC.
+pub async fn run(listener: TcpListener, state: Arc<AdminState>, token: Option<Token>, mut stop: watch::Receiver<bool>) {
+    // Only the service's own paths: anything else stays a 404, not a gRPC UNIMPLEMENTED.
+    let grpc_path = format!("/{}/{{*rpc}}", crate::grpc::SERVICE);
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -71,7 +154,9 @@ pub async fn run(listener: TcpListener, state: Arc<AdminState>, mut stop: watch:
         .route("/api/status", get(status))
         .route("/iceberg", any(|m: Method, s: State<Admin>| iceberg(m, s, String::new())))
         .route("/iceberg/{*path}", any(|m: Method, s: State<Admin>, Path(p): Path<String>| iceberg(m, s, p)))
-        .with_state(state.clone());
+        .route_service(&grpc_path, crate::grpc::service(state.clone()))
+        .with_state(state.clone())
+        .layer(axum::middleware::from_fn_with_state(token, authorize));
     let sampler = tokio::spawn(async move { crate::status::sample_every(&state.history, &state.metrics).await });
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;

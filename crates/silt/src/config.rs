@@ -10,19 +10,42 @@ use silt_lakehouse::LakehouseConfig;
 use silt_storage::StorageConfig;
 use silt_tiering::{Policies, TieringConfig, TopicPolicy, TopicRule};
 
-/// `[admin]`: the HTTP listener for operators and tools: `/metrics` (Prometheus), `/healthz`,
-/// `/readyz`, and the Iceberg REST catalog of the node's tables at `/iceberg`.
+/// `[admin]`: the listener for operators and tools: `/metrics` (Prometheus), `/healthz`,
+/// `/readyz`, the status page, the Iceberg REST catalog of the node's tables at `/iceberg`, and
+/// the gRPC admin API (`silt status`, `silt sessions`, ...).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     pub enabled: bool,
     /// Address bound, exactly as given (`silt serve --admin ADDR` overrides it).
     pub listen: String,
+    /// A file holding the bearer token `/api/` and the gRPC API then require. Required when
+    /// `listen` is not a loopback address.
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        Self { enabled: true, listen: "127.0.0.1:8080".into() }
+        Self { enabled: true, listen: "127.0.0.1:8080".into(), token_file: None }
+    }
+}
+
+impl AdminConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let Ok(addr) = self.listen.parse::<std::net::SocketAddr>() else {
+            anyhow::bail!("admin.listen: must be an address such as 127.0.0.1:8080, not {:?}", self.listen);
+        };
+        if self.token_file.as_ref().is_some_and(|f| f.as_os_str().is_empty()) {
+            anyhow::bail!("admin.token_file: must not be empty");
+        }
+        if self.enabled && !addr.ip().is_loopback() && self.token_file.is_none() {
+            anyhow::bail!(
+                "admin.token_file: required when admin.listen ({}) is not a loopback address: the admin API \
+                 can disconnect clients and delete sessions",
+                self.listen
+            );
+        }
+        Ok(())
     }
 }
 
@@ -82,9 +105,7 @@ impl SiltConfig {
         self.kafka.validate().map_err(|e| anyhow::anyhow!(e))?;
         self.tiering.validate().map_err(|e| anyhow::anyhow!(e))?;
         self.lakehouse.validate().map_err(|e| anyhow::anyhow!(e))?;
-        if self.admin.listen.parse::<std::net::SocketAddr>().is_err() {
-            anyhow::bail!("admin.listen: must be an address such as 127.0.0.1:8080, not {:?}", self.admin.listen);
-        }
+        self.admin.validate()?;
         self.policies().map(|_| ())
     }
 
@@ -126,6 +147,15 @@ mod tests {
         assert!(err.contains("bucket"), "{err}");
         let err = SiltConfig::parse("[tiering]\nobject_store = \"gs://x\"\n").unwrap_err().to_string();
         assert!(err.contains("tiering.object_store"), "{err}");
+    }
+
+    #[test]
+    fn an_admin_listener_off_loopback_needs_a_token_file() {
+        let err = SiltConfig::parse("[admin]\nlisten = \"0.0.0.0:8080\"\n").unwrap_err().to_string();
+        assert!(err.contains("admin.token_file"), "{err}");
+        SiltConfig::parse("[admin]\nlisten = \"0.0.0.0:8080\"\ntoken_file = \"/etc/silt/token\"\n").unwrap();
+        SiltConfig::parse("[admin]\nlisten = \"[::1]:8080\"\n").unwrap();
+        SiltConfig::parse("[admin]\nenabled = false\nlisten = \"0.0.0.0:8080\"\n").unwrap();
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! persists sessions, writes, fsyncs and indexes everything acknowledged and exits 0.
 
 mod admin;
+mod cli;
 mod config;
 mod fsck;
+mod grpc;
 mod metrics;
 mod status;
 mod tiered;
@@ -52,6 +54,9 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// A running node's admin API (gRPC on its admin listener).
+    #[command(flatten)]
+    Admin(cli::Command),
 }
 
 #[derive(clap::Args, Debug)]
@@ -106,6 +111,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(*args),
         Command::Passwd { file, user } => passwd(&file, &user),
         Command::Fsck { data_dir, config } => return fsck(&data_dir, config.as_deref()),
+        Command::Admin(cmd) => return cli::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -209,10 +215,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let admin_state = Arc::new(admin::AdminState::default());
     let admin = match cfg.admin.enabled {
         true => {
+            let token = cfg.admin.token_file.as_deref().map(admin::Token::load).transpose()?;
             let listener = rt.block_on(admin::bind(&cfg.admin.listen))?;
-            tracing::info!(addr = %listener.local_addr()?, "admin listener bound");
+            tracing::info!(addr = %listener.local_addr()?, token = token.is_some(), "admin listener bound");
             admin_state.bound("admin", listener.local_addr()?);
-            Some(rt.spawn(admin::run(listener, admin_state.clone(), stop_rx.clone())))
+            Some(rt.spawn(admin::run(listener, admin_state.clone(), token, stop_rx.clone())))
         }
         false => None,
     };

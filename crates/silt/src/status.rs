@@ -174,18 +174,74 @@ fn latency(h: &HistogramSnapshot) -> Value {
     json!({"count": h.count, "p50_ms": ms(0.5), "p99_ms": ms(0.99)})
 }
 
+/// The node as `/api/status` and the admin API's Status show it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct NodeInfo {
+    pub id: String,
+    pub epoch: u64,
+    pub version: &'static str,
+    pub uptime_secs: u64,
+    pub object_store: String,
+}
+
+pub fn node(src: &Sources) -> NodeInfo {
+    NodeInfo {
+        id: src.tiering.node_id().to_owned(),
+        epoch: src.tiering.stats().epoch,
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_secs: src.started.elapsed().as_secs(),
+        object_store: src.tiering.describe(),
+    }
+}
+
+/// A stream and the policy its name resolves to, as `/api/status` and the admin API's
+/// ListStreams show it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StreamInfo {
+    pub name: String,
+    pub partitions: u32,
+    pub created_ms: i64,
+    /// The policy's spelling in `[[topics]]` ("object", "local", ...).
+    pub tier: String,
+    pub ack: String,
+    pub retention_ms: u64,
+    pub retention_bytes: u64,
+    pub lakehouse_table: Option<String>,
+}
+
+/// Every stream, by name.
+pub fn stream_infos(src: &Sources, broker: &silt_broker::Broker) -> Vec<StreamInfo> {
+    let policies = src.tiering.policies();
+    let spelling = |v: Value| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
+    let mut out: Vec<StreamInfo> = broker
+        .appender()
+        .streams()
+        .list()
+        .into_iter()
+        .map(|(name, meta)| {
+            let p = policies.for_topic(&name);
+            StreamInfo {
+                partitions: meta.partitions,
+                created_ms: meta.created_ms,
+                tier: spelling(serde_json::to_value(p.tier).unwrap_or_default()),
+                ack: spelling(serde_json::to_value(p.ack).unwrap_or_default()),
+                retention_ms: p.retention_ms,
+                retention_bytes: p.retention_bytes,
+                lakehouse_table: p.lakehouse.as_ref().map(|t| t.table.clone()),
+                name,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
 /// The document `/api/status` answers. Blocking (reads the index for consumer-group lag): call
 /// it off the async runtime.
 pub fn collect(src: &Sources, listeners: &[(String, String)], history: &History) -> Value {
     let t = src.tiering.stats();
-    let node = json!({
-        "id": src.tiering.node_id(),
-        "epoch": t.epoch,
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptime_secs": src.started.elapsed().as_secs(),
-        "object_store": src.tiering.describe(),
-        "unix_ms": unix_ms(),
-    });
+    let mut node = serde_json::to_value(node(src)).unwrap_or_default();
+    node["unix_ms"] = json!(unix_ms());
     let listeners: Vec<Value> =
         listeners.iter().map(|(protocol, addr)| json!({"protocol": protocol, "address": addr})).collect();
     let mut totals = serde_json::Map::new();
@@ -213,20 +269,7 @@ pub fn collect(src: &Sources, listeners: &[(String, String)], history: &History)
             .map(|(client_id, backlog)| json!({"client_id": client_id, "backlog": backlog}))
             .collect();
         sessions = json!({"total": b.session_count(), "backlog": backlog, "largest": top});
-        let policies = src.tiering.policies();
-        for (name, meta) in b.appender().streams().list() {
-            let p = policies.for_topic(&name);
-            streams.push(json!({
-                "name": name,
-                "partitions": meta.partitions,
-                "created_ms": meta.created_ms,
-                "tier": p.tier,
-                "ack": p.ack,
-                "retention_ms": p.retention_ms,
-                "retention_bytes": p.retention_bytes,
-                "lakehouse_table": p.lakehouse.as_ref().map(|t| t.table.clone()),
-            }));
-        }
+        streams.extend(stream_infos(src, &b).into_iter().map(|s| serde_json::to_value(s).unwrap_or_default()));
     }
     let mut groups = Vec::new();
     if let Some(k) = src.kafka.as_ref().and_then(Weak::upgrade) {
