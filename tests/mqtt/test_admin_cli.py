@@ -143,6 +143,14 @@ def test_groups_and_reset_offsets(silt):
     c.commit(offsets=[TopicPartition("invoices", 0, 12)], asynchronous=False)
     c.close()
 
+    assert cli_json(silt, "offsets", "invoices", "--earliest") == [{"topic": "invoices", "partition": 0, "offset": 0}]
+    assert cli_json(silt, "offsets", "invoices", "--latest") == [{"topic": "invoices", "partition": 0, "offset": 20}]
+    assert cli_json(silt, "offsets", "invoices", "--time", "0") == [{"topic": "invoices", "partition": 0, "offset": 0}]
+    future_ms = str(int(time.time() * 1000) + 3600_000)
+    assert cli_json(silt, "offsets", "invoices", "--time", future_ms) == [
+        {"topic": "invoices", "partition": 0, "offset": -1}]
+    assert "NotFound" in cli(silt, "offsets", "no-such-topic", "--latest", check=False).stderr
+
     g = cli_json(silt, "groups", "billing")
     assert g["state"] == "Empty" and g["members"] == [], g
     assert g["offsets"] == [{"topic": "invoices", "partition": 0, "committed": 12, "end": 20, "lag": 8}], g
@@ -174,7 +182,7 @@ def test_groups_and_reset_offsets(silt):
     eventually("empty", lambda: cli_json(silt, "groups", "billing")["state"] == "Empty")
     latest = cli_json(silt, "reset-offsets", "billing", "invoices", "--to-latest")
     assert latest == [{"topic": "invoices", "partition": 0, "offset": 20}], latest
-    future = cli_json(silt, "reset-offsets", "billing", "invoices", "--to-datetime", str(int(time.time() * 1000) + 3600_000))
+    future = cli_json(silt, "reset-offsets", "billing", "invoices", "--to-datetime", future_ms)
     assert future == [{"topic": "invoices", "partition": 0, "offset": 20}], future
     past = cli_json(silt, "reset-offsets", "billing", "invoices", "--to-datetime", "0")
     assert past == [{"topic": "invoices", "partition": 0, "offset": 0}], past

@@ -85,6 +85,20 @@ pub enum Command {
         #[command(flatten)]
         conn: Conn,
     },
+    /// A topic's partitions' first or end offsets, or the first offset at or after a time.
+    #[command(group(clap::ArgGroup::new("at").required(true)))]
+    Offsets {
+        topic: String,
+        #[arg(long, group = "at")]
+        earliest: bool,
+        #[arg(long, group = "at")]
+        latest: bool,
+        /// Ms since the Unix epoch; -1 where no record is that recent.
+        #[arg(long, group = "at", value_name = "MS")]
+        time: Option<i64>,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Seals the commitlog's active segment now.
     RollSegment {
         #[command(flatten)]
@@ -102,6 +116,7 @@ impl Command {
             | Command::DeleteSession { conn, .. }
             | Command::Groups { conn, .. }
             | Command::ResetOffsets { conn, .. }
+            | Command::Offsets { conn, .. }
             | Command::RollSegment { conn } => conn,
         }
     }
@@ -350,6 +365,23 @@ async fn call(cmd: &Command) -> Result<String, Failure> {
                     .into_iter()
                     .map(|o| vec![group.clone(), o.topic, o.partition.to_string(), o.offset.to_string()])
                     .collect(),
+            ))
+        }
+        Command::Offsets { topic, earliest, latest, time, .. } => {
+            use pb::list_offsets_request::At;
+            let at = match (earliest, latest, time) {
+                (true, _, _) => At::Earliest(true),
+                (_, true, _) => At::Latest(true),
+                (_, _, Some(ms)) => At::TimestampMs(*ms),
+                _ => return Err(Failure::Local(anyhow::anyhow!("one of --earliest, --latest, --time"))),
+            };
+            let r = c.list_offsets(pb::ListOffsetsRequest { topic: topic.clone(), at: Some(at) }).await?.into_inner();
+            if as_json {
+                return json(&r.offsets);
+            }
+            Ok(table(
+                &["TOPIC", "PARTITION", "OFFSET"],
+                r.offsets.into_iter().map(|o| vec![o.topic, o.partition.to_string(), o.offset.to_string()]).collect(),
             ))
         }
         Command::RollSegment { .. } => {

@@ -414,10 +414,8 @@ impl pb::admin_server::Admin for Api {
         let storage = self.sources()?.storage.clone();
         let sealed_end = storage.roll().await.map_err(storage_error)?;
         tracing::info!(%sealed_end, "active segment rolled by the admin API");
-        Ok(Response::new(pb::RollSegmentResponse {
-            sealed_end: sealed_end.get(),
-            segments: storage.stats().segments as u64,
-        }))
+        let stats = blocking(move || Ok(storage.stats())).await?;
+        Ok(Response::new(pb::RollSegmentResponse { sealed_end: sealed_end.get(), segments: stats.segments as u64 }))
     }
 }
 
