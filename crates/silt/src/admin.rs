@@ -229,3 +229,28 @@ async fn iceberg(method: Method, State(admin): State<Admin>, path: String) -> Re
         None => status.into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_is_accepted() {
+        let t = Token(b"abc123".as_slice().into());
+        assert!(t.accepts(Some(b"Bearer abc123")));
+        for wrong in [&b"Bearer abc124"[..], b"Bearer abc12", b"Bearer abc1234", b"abc123", b"Basic abc123", b""] {
+            assert!(!t.accepts(Some(wrong)), "{}", String::from_utf8_lossy(wrong));
+        }
+        assert!(!t.accepts(None));
+        assert_eq!(format!("{t:?}"), "Token(..)");
+    }
+
+    #[test]
+    fn api_and_grpc_paths_are_guarded_and_the_rest_is_open() {
+        assert!(matches!(guarded("/api/status"), Guard::Http));
+        assert!(matches!(guarded("/silt.admin.v1.Admin/Status"), Guard::Grpc));
+        for open in ["/metrics", "/healthz", "/readyz", "/", "/iceberg/v1/config"] {
+            assert!(matches!(guarded(open), Guard::Open), "{open}");
+        }
+    }
+}
