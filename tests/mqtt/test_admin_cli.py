@@ -106,7 +106,9 @@ def test_sessions_disconnect_and_delete_session(silt):
     live = persistent(silt, "admin-live")
     assert cli_json(silt, "sessions", "admin-live")["online"] is True
     cli(silt, "disconnect", "admin-live")
-    live.disconnects.get(timeout=10)
+    # MQTT 5.0: DISCONNECT with Administrative action (0x98), not Session taken over.
+    rc = live.disconnects.get(timeout=10)
+    assert getattr(rc, "value", rc) == 0x98, rc
     live.c.loop_stop()
     eventually("offline", lambda: cli_json(silt, "sessions", "admin-live")["online"] is False)
     gone = cli(silt, "disconnect", "admin-live", check=False)

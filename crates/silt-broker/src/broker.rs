@@ -45,6 +45,8 @@ impl Drop for FilterLock<'_> {
 struct Owner {
     conn: ConnId,
     kick: Arc<Notify>,
+    /// Set before `kick` when an operator (the admin API) closes the connection.
+    by_operator: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Default)]
@@ -115,8 +117,10 @@ pub struct Connected {
     pub session: SessionRef,
     pub session_present: bool,
     pub conn: ConnId,
-    /// Notified when another connection takes this client id over.
+    /// Notified when another connection takes this client id over, or an operator closes it
+    /// (then `by_operator` is set first).
     pub kicked: Arc<Notify>,
+    pub by_operator: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Broker {
@@ -292,6 +296,7 @@ impl Broker {
         let owner = SessionOwner { user: user.map(str::to_owned) };
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let kicked = Arc::new(Notify::new());
+        let by_operator = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (existing, old_owner) = loop {
             let checked = self.state().sessions.get(client_id).cloned();
             if let Some(s) = &checked
@@ -308,7 +313,9 @@ impl Broker {
             if now.map(Arc::as_ptr) != checked.as_ref().map(Arc::as_ptr) {
                 continue;
             }
-            let old = st.owners.insert(client_id.to_owned(), Owner { conn, kick: kicked.clone() });
+            let old = st
+                .owners
+                .insert(client_id.to_owned(), Owner { conn, kick: kicked.clone(), by_operator: by_operator.clone() });
             break (checked, old);
         };
         if let Some(old) = old_owner {
@@ -334,7 +341,7 @@ impl Broker {
         session.lock().await.owner.get_or_insert(owner);
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
-        Ok(Connected { session, session_present: present, conn, kicked })
+        Ok(Connected { session, session_present: present, conn, kicked, by_operator })
     }
 
     fn new_session(&self, client_id: &str, expiry_secs: u32) -> SessionRef {

@@ -116,6 +116,7 @@ struct Conn<R, W> {
     conn_id: ConnId,
     wake: Arc<Notify>,
     kicked: Arc<Notify>,
+    by_operator: Arc<std::sync::atomic::AtomicBool>,
     shutdown: watch::Receiver<bool>,
     /// Inbound QoS 1/2 publishes handed to the log, awaiting durability, in arrival order.
     /// Stores handed to the log, oldest first, with when each PUBLISH arrived.
@@ -217,6 +218,7 @@ where
                             conn_id: connected.conn,
                             wake,
                             kicked: connected.kicked,
+                            by_operator: connected.by_operator,
                             shutdown,
                             stores: VecDeque::new(),
                             retained_queue: VecDeque::new(),
@@ -317,7 +319,13 @@ where
             tokio::select! {
                 biased;
                 _ = self.shutdown.changed() => self.core.close(Close::Shutdown),
-                _ = self.kicked.notified() => self.core.close(Close::TakenOver),
+                _ = self.kicked.notified() => {
+                    let why = match self.by_operator.load(std::sync::atomic::Ordering::Acquire) {
+                        true => Close::Error(silt_mqtt::ReasonCode::AdministrativeAction, "disconnected by an operator"),
+                        false => Close::TakenOver,
+                    };
+                    self.core.close(why)
+                }
                 ack = async { (&mut self.stores.front_mut().expect("invariant: guarded").1).await }, if has_pending => {
                     let (token, _, received) = self.stores.pop_front().expect("invariant: guarded");
                     if ack.is_ok() {

@@ -72,12 +72,14 @@ impl Broker {
         out
     }
 
-    /// Closes the connection of `client_id` as a takeover would; its session stays if it is
-    /// persistent. False when no connection has that client id.
+    /// Closes the connection of `client_id` (MQTT 5.0: DISCONNECT with Administrative action,
+    /// 0x98); its session stays if it is persistent, and a will is published as on any
+    /// server-side close. False when no connection has that client id.
     pub fn disconnect_client(&self, client_id: &str) -> bool {
         let st = self.state();
         match st.owners.get(client_id) {
             Some(owner) => {
+                owner.by_operator.store(true, std::sync::atomic::Ordering::Release);
                 owner.kick.notify_one();
                 true
             }
