@@ -28,7 +28,10 @@ locals {
   ami_id        = var.ami_id != null ? var.ami_id : data.aws_ami.debian[0].id
   mqtt_tls      = var.mqtt_tls_cert_pem != null
   password_file = var.password_file_content != null
-  kafka_host    = var.kafka_advertised_host != null ? var.kafka_advertised_host : aws_eip.silt.public_dns
+  # Off loopback Silt requires admin.token_file (its gRPC admin API can disconnect clients).
+  admin_open  = length(var.admin_cidrs) > 0
+  admin_token = local.admin_open ? random_password.admin_token[0].result : ""
+  kafka_host  = var.kafka_advertised_host != null ? var.kafka_advertised_host : aws_eip.silt.public_dns
 
   # The arguments of silt.toml.tftpl: the node's config.
   silt_toml_vars = {
@@ -37,13 +40,14 @@ locals {
     mqtt_tls_port    = local.ports.mqtt_tls
     kafka_port       = local.ports.kafka
     kafka_advertised = "${local.kafka_host}:${local.ports.kafka}"
-    # Silt's admin listener has no authentication: loopback unless someone may reach it.
-    admin_host      = length(var.admin_cidrs) > 0 ? "0.0.0.0" : "127.0.0.1"
-    admin_port      = local.ports.admin
-    object_store    = "s3://${aws_s3_bucket.silt.bucket}/${var.object_prefix}"
-    allow_anonymous = var.allow_anonymous
-    password_file   = local.password_file
-    extra_config    = var.extra_config
+    # Loopback unless someone may reach it; then /api/ and the gRPC admin API need the token.
+    admin_host       = local.admin_open ? "0.0.0.0" : "127.0.0.1"
+    admin_token_file = local.admin_open
+    admin_port       = local.ports.admin
+    object_store     = "s3://${aws_s3_bucket.silt.bucket}/${var.object_prefix}"
+    allow_anonymous  = var.allow_anonymous
+    password_file    = local.password_file
+    extra_config     = var.extra_config
   }
   silt_toml = templatefile("${path.module}/silt.toml.tftpl", local.silt_toml_vars)
 
@@ -59,8 +63,16 @@ locals {
     mqtt_tls_key_pem      = var.mqtt_tls_key_pem != null ? var.mqtt_tls_key_pem : ""
     password_file         = local.password_file
     password_file_content = local.password_file ? var.password_file_content : ""
+    admin_token_file      = local.admin_open
+    admin_token           = local.admin_token
   }
   user_data = templatefile("${path.module}/cloud-init.yaml.tftpl", local.cloud_init_vars)
+}
+
+resource "random_password" "admin_token" {
+  count   = length(var.admin_cidrs) > 0 ? 1 : 0
+  length  = 40
+  special = false
 }
 
 resource "aws_instance" "silt" {

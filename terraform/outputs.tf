@@ -38,6 +38,12 @@ output "kafka_bootstrap" {
   value       = "${local.kafka_host}:${local.ports.kafka}"
 }
 
+output "admin_token" {
+  description = "The bearer token of the admin API and /api/ (silt status --token-file FILE); null while admin_cidrs is empty."
+  value       = length(var.admin_cidrs) > 0 ? random_password.admin_token[0].result : null
+  sensitive   = true
+}
+
 output "admin_url" {
   description = "The admin listener (/readyz, /healthz, /metrics, /iceberg); null while admin_cidrs is empty, when it binds loopback only (ssh -L 8080:127.0.0.1:8080)."
   value       = length(var.admin_cidrs) > 0 ? "http://${aws_eip.silt.public_dns}:${local.ports.admin}" : null

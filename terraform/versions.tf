@@ -7,6 +7,11 @@ terraform {
       source  = "hashicorp/aws"
       version = ">= 5.0, < 7.0"
     }
+    # The admin API's bearer token when admin_cidrs opens the listener.
+    random = {
+      source  = "hashicorp/random"
+      version = ">= 3.5, < 4.0"
+    }
   }
 }
 

@@ -323,6 +323,7 @@ def variants(tmp_path_factory):
         extra_config="",
         mqtt_tls=False, mqtt_tls_cert_pem="", mqtt_tls_key_pem="",
         password_file=False, password_file_content="",
+        admin_token_file=False, admin_token="",
     )
     everything = dict(
         minimal,
@@ -333,6 +334,7 @@ def variants(tmp_path_factory):
         extra_config='[topic_defaults]\nretention_ms = 604800000\n\n[[topics]]\nmatch = "debug/#"\ntier = "local"\n',
         mqtt_tls=True, mqtt_tls_cert_pem=cert, mqtt_tls_key_pem=key,
         password_file=True, password_file_content=passwd,
+        admin_token_file=True, admin_token="Zx8kQ2mP7vR4tY1wE6uI9oA3sD5fG0hJ2kL4zX6c",
     )
     return {"minimal": minimal, "everything": everything}
 
@@ -432,7 +434,7 @@ def test_each_template_gets_exactly_the_arguments_it_uses():
 
 def test_the_admin_listener_is_closed_unless_asked_for():
     variables = {unquote(k): v for f in module().values() for b in f.get("variable", []) for k, v in b.items()}
-    assert variables["admin_cidrs"]["default"] == [], "the admin listener has no authentication"
+    assert variables["admin_cidrs"]["default"] == [], "the admin listener is closed unless asked for"
     for name in ("mqtt_cidrs", "mqtt_tls_cidrs", "kafka_cidrs", "ssh_cidrs"):
         assert name in variables, f"each listener has its own CIDR list: {name} missing"
 
