@@ -536,7 +536,13 @@ class MqttClient:
         self.results = {}   # token -> reason code (int)
         self.submit_times = {}
         self.ack_times = {}
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        # paho's own network thread (loop_start): publish() from the test's thread then only
+        # queues. With a thread of our own calling loop(), paho writes from both threads at once
+        # and, when a large PUBLISH is written in parts, interleaves two packets' bytes (seen
+        # under load as the broker's DISCONNECT 0x81 Malformed Packet). No reconnects: a closed
+        # connection is for the test to see.
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
+                             reconnect_on_failure=False)
         self.c.max_inflight_messages_set(inflight)
         self.c.on_connect = lambda c, u, flags, rc, props: self._connack.put((flags, rc, props))
         self.c.on_publish = lambda c, u, mid, rc, props: self._acks.put((mid, _rc_value(rc), time.monotonic()))
@@ -553,9 +559,7 @@ class MqttClient:
             self.c.connect("127.0.0.1", port, keepalive=60, clean_start=clean_start, properties=props)
         except OSError as e:
             raise ConnectRefused(f"TCP connect to {port} failed: {e}") from e
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"mqtt-{client_id}")
-        self._thread.start()
+        self.c.loop_start()
         try:
             flags, rc, _ = self._connack.get(timeout=connect_timeout)
         except queue.Empty:
@@ -571,13 +575,6 @@ class MqttClient:
     def _on_disconnect(self, c, u, flags, rc, props):
         self.disconnect_reason = rc
         self.closed.set()
-
-    def _run(self):
-        while not self._stop.is_set():
-            rc = self.c.loop(timeout=0.05)
-            if rc != mqtt.MQTT_ERR_SUCCESS:
-                self.closed.set()
-                return
 
     def subscribe(self, *filters, qos=1, timeout=10):
         self.c.subscribe([(f, qos) for f in filters])
@@ -674,8 +671,7 @@ class MqttClient:
             end = time.monotonic() + 2
             while not self.closed.is_set() and time.monotonic() < end:
                 time.sleep(0.02)
-        self._stop.set()
-        self._thread.join(5)
+        self.c.loop_stop()
         try:
             self.c.socket() and self.c.socket().close()
         except Exception:
