@@ -99,9 +99,8 @@ impl Api {
 
     async fn groups(&self, only: Option<String>) -> Result<Vec<pb::Group>, Status> {
         let kafka = self.kafka()?;
-        let storage = self.sources()?.storage.clone();
         blocking(move || {
-            let mut groups: Vec<(pb::Group, Vec<Committed>)> = kafka.groups.now(|coord, _| {
+            let mut groups: Vec<pb::Group> = kafka.groups.now(|coord, _| {
                 let views: Vec<_> = match &only {
                     Some(id) => coord.group(id).into_iter().collect(),
                     None => coord.groups().collect(),
@@ -109,8 +108,6 @@ impl Api {
                 views
                     .into_iter()
                     .map(|g| {
-                        let committed =
-                            coord.committed_offsets(g.id).map(|(t, p, c)| (t.to_owned(), p, c.offset)).collect();
                         let members = g
                             .members
                             .iter()
@@ -121,7 +118,7 @@ impl Api {
                                 group_instance_id: m.group_instance_id.unwrap_or_default().to_owned(),
                             })
                             .collect();
-                        let group = pb::Group {
+                        pb::Group {
                             group: g.id.to_owned(),
                             state: g.state.name().to_owned(),
                             protocol_type: g.protocol_type.unwrap_or_default().to_owned(),
@@ -129,26 +126,19 @@ impl Api {
                             generation: g.generation,
                             members,
                             offsets: Vec::new(),
-                        };
-                        (group, committed)
+                        }
                     })
                     .collect()
             });
-            groups.sort_by(|a, b| a.0.group.cmp(&b.0.group));
-            let mut out = Vec::with_capacity(groups.len());
-            for (mut group, mut committed) in groups {
-                committed.sort();
-                for (topic, partition, offset) in committed {
-                    let end = match u32::try_from(partition) {
-                        Ok(p) => bounds(&storage, &topic, p).map_err(storage_error)?.map_or(0, |b| b.1.get()),
-                        Err(_) => 0,
-                    };
-                    let lag = end.saturating_sub(u64::try_from(offset).unwrap_or(0));
-                    group.offsets.push(pb::PartitionLag { topic, partition, committed: offset, end, lag });
+            groups.sort_by(|a, b| a.group.cmp(&b.group));
+            // The lag as /metrics reports it (one computation for every view).
+            for l in kafka.group_lags(usize::MAX).map_err(storage_error)? {
+                if let Ok(i) = groups.binary_search_by(|g| g.group.as_str().cmp(&l.group)) {
+                    let (topic, partition, committed, end, lag) = (l.topic, l.partition, l.committed, l.end, l.lag);
+                    groups[i].offsets.push(pb::PartitionLag { topic, partition, committed, end, lag });
                 }
-                out.push(group);
             }
-            Ok(out)
+            Ok(groups)
         })
         .await
     }
@@ -177,23 +167,11 @@ impl Api {
     }
 }
 
-/// A committed offset: topic, partition, offset.
-type Committed = (String, i32, i64);
-
 #[derive(Clone, Copy, Debug)]
 enum At {
     Earliest,
     Latest,
     Time(i64),
-}
-
-/// `(first, next)` of a stream partition's queue; `None` before its first record.
-fn bounds(storage: &Storage, stream: &str, partition: u32) -> silt_storage::Result<Option<(Offset, Offset)>> {
-    let name = QueueName::Partition { stream: stream.to_owned(), partition: Partition(partition) };
-    match storage.queue_id(&name)? {
-        Some(id) => storage.queue_bounds(id).map(Some),
-        None => Ok(None),
-    }
 }
 
 /// A partition's offset at `at`; -1 for a time no record reaches (as Kafka's ListOffsets).
