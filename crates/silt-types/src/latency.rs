@@ -43,6 +43,61 @@ pub struct HistogramSnapshot {
     pub buckets: Vec<(f64, u64)>,
 }
 
+impl HistogramSnapshot {
+    /// Two histograms of the same buckets, added.
+    pub fn merged(&self, b: &HistogramSnapshot) -> HistogramSnapshot {
+        let a = self;
+        if a.buckets.is_empty() {
+            return b.clone();
+        }
+        HistogramSnapshot {
+            sum_seconds: a.sum_seconds + b.sum_seconds,
+            count: a.count + b.count,
+            buckets: a.buckets.iter().zip(&b.buckets).map(|(x, y)| (x.0, x.1 + y.1)).collect(),
+        }
+    }
+
+    /// The observations in this snapshot that the earlier `before` lacks.
+    pub fn since(&self, before: &HistogramSnapshot) -> HistogramSnapshot {
+        let now = self;
+        if before.buckets.len() != now.buckets.len() {
+            return now.clone();
+        }
+        HistogramSnapshot {
+            sum_seconds: (now.sum_seconds - before.sum_seconds).max(0.0),
+            count: now.count.saturating_sub(before.count),
+            buckets: now.buckets.iter().zip(&before.buckets).map(|(x, y)| (x.0, x.1.saturating_sub(y.1))).collect(),
+        }
+    }
+
+    /// The `q` quantile (0..=1) in seconds, interpolated linearly inside its bucket (as
+    /// Prometheus' `histogram_quantile` does); `None` without observations. In the last, unbounded
+    /// bucket the answer is the highest finite bound: an estimate from below.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let h = self;
+        let total: u64 = h.buckets.iter().map(|b| b.1).sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        let (mut below, mut lower) = (0u64, 0.0f64);
+        for &(upper, n) in &h.buckets {
+            if n > 0 && (below + n) as f64 >= rank {
+                if upper.is_infinite() {
+                    return Some(lower);
+                }
+                let within = ((rank - below as f64) / n as f64).clamp(0.0, 1.0);
+                return Some(lower + (upper - lower) * within);
+            }
+            below += n;
+            if upper.is_finite() {
+                lower = upper;
+            }
+        }
+        Some(lower)
+    }
+}
+
 impl LatencyHistogram {
     pub fn new() -> Self {
         Self::default()
@@ -98,5 +153,35 @@ mod tests {
         assert_eq!(s.count, 0);
         assert_eq!(s.sum_seconds, 0.0);
         assert!(s.buckets.iter().all(|(_, n)| *n == 0));
+    }
+
+    fn hist(buckets: &[(f64, u64)]) -> HistogramSnapshot {
+        HistogramSnapshot { sum_seconds: 0.0, count: buckets.iter().map(|b| b.1).sum(), buckets: buckets.to_vec() }
+    }
+
+    #[test]
+    fn quantiles_interpolate_inside_the_bucket() {
+        let h = hist(&[(0.001, 0), (0.002, 10), (0.004, 10), (f64::INFINITY, 0)]);
+        let p50 = h.quantile(0.5).expect("observations");
+        assert!((p50 - 0.002).abs() < 1e-12, "{p50}");
+        let p75 = h.quantile(0.75).expect("observations");
+        assert!((p75 - 0.003).abs() < 1e-12, "{p75}");
+        assert_eq!(hist(&[(0.001, 0), (f64::INFINITY, 0)]).quantile(0.99), None);
+    }
+
+    #[test]
+    fn a_quantile_in_the_unbounded_bucket_is_the_highest_bound() {
+        let h = hist(&[(0.001, 1), (1.0, 0), (f64::INFINITY, 99)]);
+        assert_eq!(h.quantile(0.99), Some(1.0));
+    }
+
+    #[test]
+    fn an_interval_counts_only_its_own_observations() {
+        let before = hist(&[(0.001, 3), (f64::INFINITY, 1)]);
+        let now = hist(&[(0.001, 5), (f64::INFINITY, 1)]);
+        let d = now.since(&before);
+        assert_eq!(d.count, 2);
+        assert_eq!(d.buckets, vec![(0.001, 2), (f64::INFINITY, 0)]);
+        assert_eq!(HistogramSnapshot::default().merged(&now), now);
     }
 }

@@ -78,20 +78,20 @@ impl History {
         if let Some(b) = src.broker.upgrade() {
             messages_in += b.stats.messages_received.load(Relaxed);
             messages_out += b.stats.messages_sent.load(Relaxed);
-            acks = merge(&acks, &b.stats.ack_latency.snapshot());
+            acks = acks.merged(&b.stats.ack_latency.snapshot());
         }
         if let Some(k) = src.kafka.as_ref().and_then(Weak::upgrade) {
             // Kafka counts records in; Fetch answers count bytes only, so "out" is MQTT's.
             messages_in += k.stats.records_received.load(Relaxed);
-            acks = merge(&acks, &k.stats.produce_latency.snapshot());
+            acks = acks.merged(&k.stats.produce_latency.snapshot());
         }
         let interval = {
             let mut last = self.last_acks.lock().expect("invariant: lock not poisoned");
-            let interval = last.as_ref().map_or_else(|| acks.clone(), |l| since(&acks, l));
+            let interval = last.as_ref().map_or_else(|| acks.clone(), |l| acks.since(l));
             *last = Some(acks);
             interval
         };
-        let ack_p99_ms = quantile(&interval, 0.99).map(|s| s * 1e3);
+        let ack_p99_ms = interval.quantile(0.99).map(|s| s * 1e3);
         self.push(Sample { unix_ms: unix_ms(), messages_in, messages_out, ack_p99_ms });
     }
 }
@@ -118,59 +118,9 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Two histograms of the same buckets, added.
-fn merge(a: &HistogramSnapshot, b: &HistogramSnapshot) -> HistogramSnapshot {
-    if a.buckets.is_empty() {
-        return b.clone();
-    }
-    HistogramSnapshot {
-        sum_seconds: a.sum_seconds + b.sum_seconds,
-        count: a.count + b.count,
-        buckets: a.buckets.iter().zip(&b.buckets).map(|(x, y)| (x.0, x.1 + y.1)).collect(),
-    }
-}
-
-/// The observations in `now` that `before` lacks.
-fn since(now: &HistogramSnapshot, before: &HistogramSnapshot) -> HistogramSnapshot {
-    if before.buckets.len() != now.buckets.len() {
-        return now.clone();
-    }
-    HistogramSnapshot {
-        sum_seconds: (now.sum_seconds - before.sum_seconds).max(0.0),
-        count: now.count.saturating_sub(before.count),
-        buckets: now.buckets.iter().zip(&before.buckets).map(|(x, y)| (x.0, x.1.saturating_sub(y.1))).collect(),
-    }
-}
-
-/// The `q` quantile (0..=1) of `h` in seconds, interpolated linearly inside its bucket (as
-/// Prometheus' `histogram_quantile` does); `None` without observations. In the last, unbounded
-/// bucket the answer is the highest finite bound: an estimate from below.
-pub fn quantile(h: &HistogramSnapshot, q: f64) -> Option<f64> {
-    let total: u64 = h.buckets.iter().map(|b| b.1).sum();
-    if total == 0 {
-        return None;
-    }
-    let rank = q.clamp(0.0, 1.0) * total as f64;
-    let (mut below, mut lower) = (0u64, 0.0f64);
-    for &(upper, n) in &h.buckets {
-        if n > 0 && (below + n) as f64 >= rank {
-            if upper.is_infinite() {
-                return Some(lower);
-            }
-            let within = ((rank - below as f64) / n as f64).clamp(0.0, 1.0);
-            return Some(lower + (upper - lower) * within);
-        }
-        below += n;
-        if upper.is_finite() {
-            lower = upper;
-        }
-    }
-    Some(lower)
-}
-
 /// `{count, p50_ms, p99_ms}` of a histogram.
 fn latency(h: &HistogramSnapshot) -> Value {
-    let ms = |q| quantile(h, q).map(|s| s * 1e3);
+    let ms = |q| h.quantile(q).map(|s| s * 1e3);
     json!({"count": h.count, "p50_ms": ms(0.5), "p99_ms": ms(0.99)})
 }
 
@@ -349,26 +299,6 @@ pub fn collect(src: &Sources, listeners: &[(String, String)], history: &History)
 mod tests {
     use super::*;
 
-    fn hist(buckets: &[(f64, u64)]) -> HistogramSnapshot {
-        HistogramSnapshot { sum_seconds: 0.0, count: buckets.iter().map(|b| b.1).sum(), buckets: buckets.to_vec() }
-    }
-
-    #[test]
-    fn quantiles_interpolate_inside_the_bucket() {
-        let h = hist(&[(0.001, 0), (0.002, 10), (0.004, 10), (f64::INFINITY, 0)]);
-        let p50 = quantile(&h, 0.5).expect("observations");
-        assert!((p50 - 0.002).abs() < 1e-12, "{p50}");
-        let p75 = quantile(&h, 0.75).expect("observations");
-        assert!((p75 - 0.003).abs() < 1e-12, "{p75}");
-        assert_eq!(quantile(&hist(&[(0.001, 0), (f64::INFINITY, 0)]), 0.99), None);
-    }
-
-    #[test]
-    fn a_quantile_in_the_unbounded_bucket_is_the_highest_bound() {
-        let h = hist(&[(0.001, 1), (1.0, 0), (f64::INFINITY, 99)]);
-        assert_eq!(quantile(&h, 0.99), Some(1.0));
-    }
-
     #[test]
     fn the_history_keeps_ten_minutes() {
         let h = History::default();
@@ -379,15 +309,5 @@ mod tests {
         let samples = v.as_array().expect("an array");
         assert_eq!(samples.len(), HISTORY_LEN);
         assert_eq!(samples[0]["unix_ms"], 5);
-    }
-
-    #[test]
-    fn an_interval_counts_only_its_own_observations() {
-        let before = hist(&[(0.001, 3), (f64::INFINITY, 1)]);
-        let now = hist(&[(0.001, 5), (f64::INFINITY, 1)]);
-        let d = since(&now, &before);
-        assert_eq!(d.count, 2);
-        assert_eq!(d.buckets, vec![(0.001, 2), (f64::INFINITY, 0)]);
-        assert_eq!(merge(&HistogramSnapshot::default(), &now), now);
     }
 }
