@@ -141,7 +141,9 @@ pub fn read(src: &Sources, visibility: Option<&dyn Visibility>, want: Want<'_>) 
                     let properties = record
                         .headers
                         .iter()
-                        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+                        .map(|(k, v)| {
+                            (k.clone(), String::from_utf8_lossy(v.as_deref().unwrap_or_default()).into_owned())
+                        })
                         .collect();
                     out.rows.push(Row {
                         topic,

@@ -8,8 +8,7 @@ empty values, non-ASCII names, in order) and the CreateTime timestamp (as set by
 or the producer's clock for kcat, which cannot set one), at dense offsets from 0, and the
 offsets the producer's delivery reports named.
 
-Repeated header names are kept, in order (their own test). Null header values are a Kafka
-feature the broker does not keep yet: their own test, marked xfail(strict) with the bug.
+Repeated header names are kept, in order, and null header values stay null (their own tests).
 """
 
 import random
@@ -111,11 +110,6 @@ def test_repeated_header_names_are_kept_in_order(kafka, producer):
     assert_records(recs, got[(topic, 0)], clock=(t0 - 1000, now_ms() + 1000), what=producer)
 
 
-NULL_HEADER_BUG = ("silt-kafka-broker records.rs decode(): `v.unwrap_or_default()` stores a null "
-                   "header value as an empty one; Kafka keeps null (-1 length) header values")
-
-
-@pytest.mark.xfail(strict=True, reason=NULL_HEADER_BUG)
 @pytest.mark.parametrize("producer", ["confluent", "aiokafka"])  # kcat and kafka-python cannot send one
 def test_null_header_values_are_kept(kafka, producer):
     node = kafka.node()

@@ -53,9 +53,9 @@ impl Message {
         let mut headers = Vec::with_capacity(self.user_properties.len() + 2);
         for (k, v) in &self.user_properties {
             let name = if k.starts_with("mqtt.") { format!("{USER_ESCAPE}{k}") } else { k.clone() };
-            headers.push((name, Bytes::copy_from_slice(v.as_bytes())));
+            headers.push((name, Some(Bytes::copy_from_slice(v.as_bytes()))));
         }
-        let mut put = |k: &str, v: Bytes| headers.push((k.to_owned(), v));
+        let mut put = |k: &str, v: Bytes| headers.push((k.to_owned(), Some(v)));
         if let Some(ct) = &self.content_type {
             put(H_CONTENT_TYPE, Bytes::copy_from_slice(ct.as_bytes()));
         }
@@ -99,6 +99,8 @@ impl Message {
         };
         let text = |v: &Bytes| String::from_utf8_lossy(v).into_owned();
         for (k, v) in r.headers {
+            // MQTT has no null property value: a Kafka header's null value arrives empty.
+            let v = v.unwrap_or_default();
             match k.as_str() {
                 H_CONTENT_TYPE => m.content_type = Some(text(&v)),
                 H_RESPONSE_TOPIC => m.response_topic = Some(text(&v)),

@@ -26,7 +26,7 @@ pub struct OutRecord {
     pub timestamp: i64,
     pub key: Option<Bytes>,
     pub value: Option<Bytes>,
-    pub headers: Vec<(String, Bytes)>,
+    pub headers: Vec<(String, Option<Bytes>)>,
 }
 
 /// What all records of one batch share.
@@ -113,7 +113,7 @@ pub fn encode_range(out: &mut BytesMut, meta: BatchMeta, base_offset: i64, last_
         put_varint(&mut body, r.headers.len() as i64);
         for (k, v) in &r.headers {
             put_bytes(&mut body, Some(k.as_bytes()));
-            put_bytes(&mut body, Some(v));
+            put_bytes(&mut body, v.as_deref());
         }
         put_varint(out, body.len() as i64);
         out.put_slice(&body);
@@ -138,7 +138,11 @@ mod tests {
                 timestamp: 1_000,
                 key: Some(Bytes::from_static(b"factory/line1/temp")),
                 value: Some(Bytes::from_static(b"21.5")),
-                headers: vec![("a".into(), Bytes::from_static(b"1")), ("b".into(), Bytes::new())],
+                headers: vec![
+                    ("a".into(), Some(Bytes::from_static(b"1"))),
+                    ("b".into(), Some(Bytes::new())),
+                    ("c".into(), None),
+                ],
             },
             OutRecord { offset: 42, timestamp: 990, key: None, value: None, headers: Vec::new() },
         ];
@@ -155,7 +159,8 @@ mod tests {
         assert_eq!(got[0].key.as_deref(), Some(&b"factory/line1/temp"[..]));
         assert_eq!(got[1].value, None);
         assert_eq!((got[0].producer_id, got[0].producer_epoch, got[0].transactional), (7, 2, true));
-        assert_eq!(got[0].headers.len(), 2);
+        let headers: Vec<_> = got[0].headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+        assert_eq!(headers, [("a", Some(&b"1"[..])), ("b", Some(&b""[..])), ("c", None)]);
     }
 
     #[test]
@@ -180,7 +185,7 @@ mod tests {
             timestamp: 0,
             key: None,
             value: Some(Bytes::new()),
-            headers: vec![("a".into(), Bytes::from_static(b"1")), ("a".into(), Bytes::from_static(b"3"))],
+            headers: vec![("a".into(), Some(Bytes::from_static(b"1"))), ("a".into(), Some(Bytes::from_static(b"3")))],
         };
         let mut out = BytesMut::new();
         encode(&mut out, BatchMeta::default(), &[r]);

@@ -91,9 +91,8 @@ pub fn decode(
             let mut a = attrs::QOS_MASK & 1;
             let mut headers = Vec::with_capacity(r.headers.len());
             for (k, v) in r.headers {
-                let v = v.unwrap_or_default();
                 if k.as_str() == RETAIN_HEADER {
-                    if matches!(&v[..], b"true" | b"1") {
+                    if matches!(v.as_deref(), Some(b"true" | b"1")) {
                         a |= attrs::RETAIN;
                     }
                     continue;
@@ -220,7 +219,7 @@ mod tests {
             assert_eq!(r[1].topic, "factory");
             assert_eq!(r[2].topic, "factory");
             assert_eq!((&r[0].value[..], r[0].timestamp.get()), (&b"21.5"[..], 1_700_000_000_000));
-            assert_eq!(r[0].headers, vec![("h".to_string(), Bytes::from_static(b"v"))]);
+            assert_eq!(r[0].headers, vec![("h".to_string(), Some(Bytes::from_static(b"v")))]);
             assert!(r[1].attrs & attrs::NULL_VALUE != 0 && r[1].key.is_none());
             assert!(r[2].attrs & attrs::NULL_VALUE == 0 && r[2].value.is_empty(), "empty is not null");
             assert_eq!(r[0].partition, Partition(2));

@@ -18,9 +18,14 @@
 //!                 | timestamp i64 (ms since epoch) | partition u32
 //!                 | stream: u16 len, UTF-8 | topic: u16 len, UTF-8 (empty: none)
 //!                 | key: u32 len (0xFFFF_FFFF: null), bytes | value: u32 len, bytes
-//!                 | headers: u16 count, (name: u16 len UTF-8, value: u32 len bytes)*count
+//!                 | headers: u16 count, (name: u16 len UTF-8, value: u32 len (0xFFFF_FFFF: null), bytes)*count
 //!                 | [producer: id i64 | epoch i16 | sequence i32]   (flag bit 3 only)
 //! ```
+//!
+//! A null header value (a Kafka header may have one) came after the first files of version 1
+//! were written; no earlier record can hold a 4 GiB header value, so every earlier file reads
+//! the same, while a binary from before it refuses a record with a null header value as
+//! truncated.
 //!
 //! The *producer* trailer is a Kafka producer's identity and sequence number for the record
 //! (idempotent and transactional producers), which a fetch hands back in the record's batch.
@@ -71,7 +76,8 @@ const FLAG_VOLATILE: u8 = 4;
 const FLAG_PRODUCER: u8 = 8;
 /// Bytes of the producer trailer.
 const PRODUCER_LEN: usize = 8 + 2 + 4;
-const NULL_KEY: u32 = u32::MAX;
+/// The length that stands for a null key or a null header value.
+const NULL_LEN: u32 = u32::MAX;
 
 /// Why bytes are not a valid batch or record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -101,7 +107,8 @@ pub struct Record {
     pub topic: String,
     pub key: Option<Bytes>,
     pub value: Bytes,
-    pub headers: Vec<(String, Bytes)>,
+    /// Header names and values; a Kafka header's value may be null (`None`).
+    pub headers: Vec<(String, Option<Bytes>)>,
     /// Protocol attributes (MQTT QoS, retain, payload format), opaque to storage.
     pub attrs: u16,
     /// The log's internal records (queue registrations). Never set by callers: `append`
@@ -139,7 +146,7 @@ impl Record {
             + 4
             + self.value.len()
             + 2
-            + self.headers.iter().map(|(k, v)| 2 + k.len() + 4 + v.len()).sum::<usize>()
+            + self.headers.iter().map(|(k, v)| 2 + k.len() + 4 + v.as_ref().map_or(0, Bytes::len)).sum::<usize>()
             + if self.producer.is_some() { PRODUCER_LEN } else { 0 }
     }
 
@@ -152,9 +159,9 @@ impl Record {
         if self.headers.len() > u16::MAX as usize || !self.headers.iter().all(|(k, _)| short(k)) {
             return Err(FormatError::Malformed("too many headers or header name too long"));
         }
-        if self.key.as_ref().is_some_and(|k| k.len() >= NULL_KEY as usize)
+        if self.key.as_ref().is_some_and(|k| k.len() >= NULL_LEN as usize)
             || self.value.len() > u32::MAX as usize
-            || self.headers.iter().any(|(_, v)| v.len() > u32::MAX as usize)
+            || self.headers.iter().any(|(_, v)| v.as_ref().is_some_and(|v| v.len() >= NULL_LEN as usize))
         {
             return Err(FormatError::Malformed("field longer than 4 GiB"));
         }
@@ -184,7 +191,7 @@ impl Record {
                 out.put_u32_le(k.len() as u32);
                 out.put_slice(k);
             }
-            None => out.put_u32_le(NULL_KEY),
+            None => out.put_u32_le(NULL_LEN),
         }
         out.put_u32_le(self.value.len() as u32);
         out.put_slice(&self.value);
@@ -192,8 +199,13 @@ impl Record {
         for (k, v) in &self.headers {
             out.put_u16_le(k.len() as u16);
             out.put_slice(k.as_bytes());
-            out.put_u32_le(v.len() as u32);
-            out.put_slice(v);
+            match v {
+                Some(v) => {
+                    out.put_u32_le(v.len() as u32);
+                    out.put_slice(v);
+                }
+                None => out.put_u32_le(NULL_LEN),
+            }
         }
         if let Some(p) = &self.producer {
             out.put_i64_le(p.id);
@@ -218,15 +230,15 @@ impl Record {
         let stream = r.string16()?;
         let topic = r.string16()?;
         let key_len = r.u32()?;
-        let key = if key_len == NULL_KEY { None } else { Some(r.bytes(key_len as usize)?) };
+        let key = if key_len == NULL_LEN { None } else { Some(r.bytes(key_len as usize)?) };
         let value_len = r.u32()? as usize;
         let value = r.bytes(value_len)?;
         let header_count = r.u16()?;
         let mut headers = Vec::with_capacity(usize::from(header_count).min(buf.len() / 6));
         for _ in 0..header_count {
             let name = r.string16()?;
-            let vlen = r.u32()? as usize;
-            headers.push((name, r.bytes(vlen)?));
+            let vlen = r.u32()?;
+            headers.push((name, if vlen == NULL_LEN { None } else { Some(r.bytes(vlen as usize)?) }));
         }
         let producer = if flags & FLAG_PRODUCER != 0 {
             Some(Producer { id: r.u64()? as i64, epoch: r.u16()? as i16, sequence: r.u32()? as i32 })
@@ -321,7 +333,7 @@ impl<'a> RecordHead<'a> {
         let n = le16(take(2)?);
         let topic = utf8(take(n)?)?;
         let key_len = le32(take(4)?);
-        if key_len != NULL_KEY {
+        if key_len != NULL_LEN {
             take(key_len as usize)?;
         }
         let n = le32(take(4)?) as usize;
@@ -614,7 +626,7 @@ mod tests {
             "[a-z/+]{0,12}",
             prop::option::of(prop::collection::vec(any::<u8>(), 0..16)),
             prop::collection::vec(any::<u8>(), 0..256),
-            prop::collection::vec(("[a-z]{0,6}", prop::collection::vec(any::<u8>(), 0..8)), 0..4),
+            prop::collection::vec(("[a-z]{0,6}", prop::option::of(prop::collection::vec(any::<u8>(), 0..8))), 0..4),
             any::<u16>(),
             any::<bool>(),
             prop::option::of((any::<i64>(), any::<i16>(), any::<i32>())),
@@ -626,7 +638,7 @@ mod tests {
                 topic,
                 key: key.map(Bytes::from),
                 value: Bytes::from(value),
-                headers: headers.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect(),
+                headers: headers.into_iter().map(|(k, v)| (k, v.map(Bytes::from))).collect(),
                 attrs,
                 control: false,
                 withheld: false,
@@ -735,7 +747,7 @@ mod tests {
             topic: "a/b".into(),
             key: Some(Bytes::from_static(b"k")),
             value: Bytes::from_static(b"v"),
-            headers: vec![("h".into(), Bytes::from_static(b"x"))],
+            headers: vec![("h".into(), Some(Bytes::from_static(b"x"))), ("n".into(), None)],
             attrs: 7,
             control: true,
             withheld: false,

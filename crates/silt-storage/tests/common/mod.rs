@@ -34,7 +34,7 @@ pub fn record(stream: &str, partition: u32, topic: &str, value: impl Into<Bytes>
         topic: topic.into(),
         key: Some(Bytes::copy_from_slice(topic.as_bytes())),
         value: value.into(),
-        headers: vec![("content-type".into(), Bytes::from_static(b"text/plain"))],
+        headers: vec![("content-type".into(), Some(Bytes::from_static(b"text/plain")))],
         attrs: 1,
         ..Record::default()
     }
