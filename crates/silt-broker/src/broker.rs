@@ -58,6 +58,9 @@ struct State {
     wills: HashMap<String, Arc<Notify>>,
     /// Shared-subscription groups by `$share/{group}/{filter}`.
     groups: HashMap<String, GroupRef>,
+    /// Client ids whose session the admin API is ending: a CONNECT waits until its tombstone
+    /// is in the log, so the tombstone can never land after the new session's first state.
+    ending: std::collections::HashSet<String>,
 }
 
 /// Broker-wide counters for `$SYS/` and the stats page.
@@ -298,6 +301,11 @@ impl Broker {
         let kicked = Arc::new(Notify::new());
         let by_operator = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (existing, old_owner) = loop {
+            if self.state().ending.contains(client_id) {
+                // An admin delete of this session is writing its tombstone (milliseconds).
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                continue;
+            }
             let checked = self.state().sessions.get(client_id).cloned();
             if let Some(s) = &checked
                 && self.auth.usernames_verified()
@@ -308,9 +316,10 @@ impl Broker {
                 }
             }
             let mut st = self.state();
-            // The session checked must still be the one there (none, or the same).
+            // The session checked must still be the one there (none, or the same), and no
+            // delete may have begun meanwhile.
             let now = st.sessions.get(client_id);
-            if now.map(Arc::as_ptr) != checked.as_ref().map(Arc::as_ptr) {
+            if now.map(Arc::as_ptr) != checked.as_ref().map(Arc::as_ptr) || st.ending.contains(client_id) {
                 continue;
             }
             let old = st

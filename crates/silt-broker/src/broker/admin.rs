@@ -118,9 +118,20 @@ impl Broker {
                 // Connected again meanwhile: a new owner.
                 return Err(DeleteRefused::Online);
             }
-            // Out of the map first: a CONNECT from now on starts a new session.
-            st.sessions.remove(client_id).ok_or(DeleteRefused::NotFound)?
+            // Out of the map first, and marked as ending: a CONNECT from now on waits for the
+            // tombstone, then starts a new session.
+            let session = st.sessions.remove(client_id).ok_or(DeleteRefused::NotFound)?;
+            st.ending.insert(client_id.to_owned());
+            session
         };
+        // Unmarked however this future ends (also when the gRPC caller goes away mid-way).
+        struct Unmark<'a>(&'a Broker, &'a str);
+        impl Drop for Unmark<'_> {
+            fn drop(&mut self) {
+                self.0.state().ending.remove(self.1);
+            }
+        }
+        let _unmark = Unmark(self, client_id);
         self.end_session(&session).await;
         Ok(kicked)
     }

@@ -55,3 +55,53 @@ fn start_up_compacts_long_state_replays_to_the_live_state() {
     let record = storage.read_record(&entries[0]).unwrap();
     assert_eq!(&record.value[..], b"2999");
 }
+
+/// An admin delete and a CONNECT of the same client id at once: the CONNECT's new session
+/// must not be ended by the delete's tombstone, also after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_during_an_admin_delete_keeps_its_new_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |dir: &std::path::Path| {
+        let (storage, router) = open(dir);
+        let appender = Arc::new(silt_dataset::Appender::open(storage, Box::new(|_| 1)).unwrap());
+        Broker::new(appender, router, MqttConfig::default(), Auth::open()).unwrap()
+    };
+    let broker = start(dir.path());
+    let old = broker.connect("c1", None, true, 3600).await.unwrap();
+    broker.persist(&old.session).await.unwrap();
+    broker.disconnect(old.conn, &old.session).await;
+
+    // Hold the old session: the delete takes it out of the map, then waits in the middle of
+    // ending it, before its tombstone is written.
+    let held = old.session.lock().await;
+    let deleting = tokio::spawn({
+        let broker = broker.clone();
+        async move { broker.delete_session("c1", false).await }
+    });
+    while broker.state().sessions.contains_key("c1") {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let connecting = tokio::spawn({
+        let broker = broker.clone();
+        async move {
+            let new = broker.connect("c1", None, false, 3600).await.unwrap();
+            broker.persist(&new.session).await.unwrap();
+            new
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(!connecting.is_finished(), "a CONNECT waits for the delete's tombstone");
+    drop(held);
+    assert_eq!(deleting.await.unwrap(), Ok(false));
+    let new = connecting.await.unwrap();
+    assert!(!new.session_present, "the deleted session is not resumed");
+    broker.disconnect(new.conn, &new.session).await;
+    drop((old, new));
+    let storage = broker.storage.clone();
+    drop(broker);
+    storage.wait_dispatched_blocking(storage.stats().log_end).unwrap();
+    drop(storage);
+
+    let broker = start(dir.path());
+    assert_eq!(broker.session_views(Some("c1")).await.len(), 1, "the new session survives a restart");
+}
