@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Silt beside mosquitto: runs every silt-loadgen scenario against both brokers in one session
-# and prints a Markdown table of each figure and the Silt/mosquitto ratio.
+# Silt beside mosquitto and rumqttd: runs every silt-loadgen scenario against each broker in one
+# session and prints a Markdown table of each figure and Silt's ratio to each of the others.
 #
 #   bench/mqtt.sh                      # the full run (about 3 minutes on 2 cores, plus the build)
 #   DURATION=3 IDLE=1000 DRAIN=10000 bench/mqtt.sh   # a quick one
 #
 # Each scenario gets fresh brokers: mosquitto (Debian package; generated config: loopback
-# listener, anonymous, unlimited queues, no persistence) first, then Silt (fresh data
-# directory, default config: fsync "always"), one after the other on the same cores, so a
-# memory or CPU figure never carries over from an earlier scenario. Both are stopped by PID.
+# listener, anonymous, unlimited queues, no persistence), then rumqttd (`cargo install rumqttd`,
+# done by this script when it is missing; generated config from its own rumqttd.toml: one v4
+# (MQTT 3.1.1) server on loopback, in memory only, no connection throttling), then Silt (fresh
+# data directory, default config: fsync "always"), one after the other on the same cores, so a
+# memory or CPU figure never carries over from an earlier scenario. All are stopped by PID.
 #
 # Settings (environment): DURATION (s, 10), PUBLISHERS (50), SUBSCRIBERS (200), IDLE (5000),
 # DRAIN (100000), PAYLOAD (bytes, 128), RATE (msgs/s of the paced fan-in, 10000),
 # SILT_CONFIG (a silt.toml, e.g. to try another fsync policy), MOSQUITTO_EXTRA (config lines
 # appended to mosquitto.conf), RESULTS (where to keep the JSON lines), LOADGEN_THREADS (1),
 # SCENARIOS (a space-separated subset of: idle idle-subscribe fan-in-qos0 fan-in-qos1
-# fan-in-qos1-paced fan-out-qos0 fan-out-qos1 drain; all by default).
+# fan-in-qos1-paced fan-out-qos0 fan-out-qos1 drain; all by default), BROKERS (the reference
+# brokers run beside Silt: "mosquitto rumqttd" by default), RUMQTTD (its binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +32,19 @@ RATE=${RATE:-10000}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/silt-target}"
 
-command -v mosquitto >/dev/null || { echo "mosquitto not found: apt-get install mosquitto" >&2; exit 1; }
+BROKERS=${BROKERS:-mosquitto rumqttd}
+if [[ " $BROKERS " == *" mosquitto "* ]]; then
+  command -v mosquitto >/dev/null || { echo "mosquitto not found: apt-get install mosquitto" >&2; exit 1; }
+fi
+if [[ " $BROKERS " == *" rumqttd "* ]]; then
+  # Built into the shared target's tools folder once; `--locked` fails on its lockfile today.
+  RUMQTTD=${RUMQTTD:-$(command -v rumqttd || echo "$CARGO_TARGET_DIR/tools/bin/rumqttd")}
+  if [[ ! -x $RUMQTTD ]]; then
+    echo "installing rumqttd (a few minutes, once)" >&2
+    cargo install -q rumqttd --version 0.20.0 --root "$CARGO_TARGET_DIR/tools"
+    RUMQTTD="$CARGO_TARGET_DIR/tools/bin/rumqttd"
+  fi
+fi
 cargo build --release -q -p silt -p silt-loadgen
 SILT="$CARGO_TARGET_DIR/release/silt"
 LOADGEN="$CARGO_TARGET_DIR/release/silt-loadgen"
@@ -85,6 +100,29 @@ start_broker() { # name -> sets broker_pid and port
       } >"$work/mosquitto.conf"
       mosquitto -c "$work/mosquitto.conf" 2>>"$work/mosquitto.log" &
       ;;
+    rumqttd)
+      # Its own defaults (rumqttd.toml of the crate), on loopback and without the 1 ms delay
+      # between accepted connections, which would cap connects at 1,000/s.
+      cat >"$work/rumqttd.toml" <<EOF
+id = 0
+[router]
+id = 0
+max_connections = $((IDLE + 1024))
+max_outgoing_packet_count = 200
+max_segment_size = 104857600
+max_segment_count = 10
+[v4.1]
+name = "v4-1"
+listen = "127.0.0.1:$port"
+next_connection_delay_ms = 0
+    [v4.1.connections]
+    connection_timeout_ms = 60000
+    max_payload_size = 20480
+    max_inflight_count = 100
+    dynamic_filters = true
+EOF
+      "$RUMQTTD" -c "$work/rumqttd.toml" 2>>"$work/rumqttd.log" >/dev/null &
+      ;;
     silt)
       rm -rf "$work/silt-data"
       SILT_LOG=warn "$SILT" serve --mqtt "127.0.0.1:$port" --kafka 127.0.0.1:0 --admin 127.0.0.1:0 --data-dir "$work/silt-data" \
@@ -112,7 +150,7 @@ want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 
 run() { # scenario args...: against mosquitto, then Silt, each freshly started
   local name
-  for name in mosquitto silt; do
+  for name in $BROKERS silt; do
     start_broker "$name"
     "$LOADGEN" "$@" --addr "127.0.0.1:$port" --broker "$name" --broker-pid "$broker_pid" \
       --threads "$LOADGEN_THREADS" >>"$RESULTS" || echo "($name: $1 failed, see the line above)" >&2
@@ -134,9 +172,11 @@ elapsed=$(($(date +%s) - started))
 
 echo
 echo "Machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $(uname -sr);" \
-  "$(mosquitto -h 2>/dev/null | head -1); Silt config: ${SILT_CONFIG:-default (fsync always)};" \
+  "$(mosquitto -h 2>/dev/null | head -1); $("${RUMQTTD:-false}" --version 2>/dev/null); Silt config: ${SILT_CONFIG:-default (fsync always)};" \
   "generator threads: $LOADGEN_THREADS; scenarios took ${elapsed} s."
 echo
-"$LOADGEN" table --reference mosquitto --subject silt "$RESULTS"
+refs=()
+for name in $BROKERS; do refs+=(--reference "$name"); done
+"$LOADGEN" table "${refs[@]}" --subject silt "$RESULTS"
 echo
 echo "JSON lines: $RESULTS"

@@ -140,9 +140,9 @@ enum Command {
     },
     /// Print result lines (a file or stdin) as a Markdown comparison table.
     Table {
-        /// The broker compared against (denominator of the ratio).
-        #[arg(long, default_value = "mosquitto")]
-        reference: String,
+        /// The brokers compared against (denominators of the ratios); repeat for several.
+        #[arg(long, default_values_t = ["mosquitto".to_owned()])]
+        reference: Vec<String>,
         /// The broker measured (numerator of the ratio).
         #[arg(long, default_value = "silt")]
         subject: String,
@@ -547,7 +547,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn print_table(file: Option<PathBuf>, reference: &str, subject: &str) -> ExitCode {
+fn print_table(file: Option<PathBuf>, references: &[String], subject: &str) -> ExitCode {
     let text = match file {
         Some(path) => std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display())),
         None => {
@@ -557,7 +557,8 @@ fn print_table(file: Option<PathBuf>, reference: &str, subject: &str) -> ExitCod
     };
     match text {
         Ok(text) => {
-            print!("{}", table::render(&text, reference, subject));
+            let references: Vec<&str> = references.iter().map(String::as_str).collect();
+            print!("{}", table::render(&text, &references, subject));
             ExitCode::SUCCESS
         }
         Err(e) => {

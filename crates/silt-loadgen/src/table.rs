@@ -86,8 +86,9 @@ fn figures(scenario: &str) -> &'static [Figure] {
     }
 }
 
-/// Builds the table from JSON lines; lines that are not JSON objects are skipped.
-pub fn render(lines: &str, reference: &str, subject: &str) -> String {
+/// Builds the table from JSON lines; lines that are not JSON objects are skipped. Each
+/// reference broker gets a column and a ratio column (subject/reference), in the order given.
+pub fn render(lines: &str, references: &[&str], subject: &str) -> String {
     let results: Vec<Value> =
         lines.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(Value::is_object).collect();
     let mut cases: Vec<(&str, &str)> = Vec::new();
@@ -101,23 +102,33 @@ pub fn render(lines: &str, reference: &str, subject: &str) -> String {
         results.iter().rev().find(|r| r["case"].as_str() == Some(case) && r["broker"].as_str() == Some(broker))
     };
     let mut out = String::new();
-    let _ = writeln!(out, "| case | figure | {reference} | {subject} | {subject}/{reference} |");
-    let _ = writeln!(out, "|---|---|---:|---:|---:|");
+    let ratios: Vec<String> = references.iter().map(|r| format!("{subject}/{r}")).collect();
+    let _ = writeln!(out, "| case | figure | {} | {subject} | {} |", references.join(" | "), ratios.join(" | "));
+    let _ = writeln!(out, "|---|---|{}---:|{}", "---:|".repeat(references.len()), "---:|".repeat(references.len()));
     for (case, scenario) in cases {
-        let (r, s) = (find(case, reference), find(case, subject));
+        let refs: Vec<Option<&Value>> = references.iter().map(|r| find(case, r)).collect();
+        let s = find(case, subject);
         for &(label, pointer, scale, better) in figures(scenario) {
             let value =
                 |v: Option<&Value>| v.and_then(|v| v.pointer(pointer)).and_then(Value::as_f64).map(|x| x * scale);
-            let (a, b) = (value(r), value(s));
-            if a.is_none() && b.is_none() {
+            let (a, b): (Vec<Option<f64>>, Option<f64>) = (refs.iter().map(|r| value(*r)).collect(), value(s));
+            if a.iter().all(Option::is_none) && b.is_none() {
                 continue;
             }
-            let ratio = match (a, b) {
+            let ratio = |a: Option<f64>| match (a, b) {
                 (Some(a), Some(b)) if a != 0.0 => format!("{:.2}", b / a),
                 _ => "–".to_owned(),
             };
             let arrow = if better == Better::Higher { "↑" } else { "↓" };
-            let _ = writeln!(out, "| {case} | {label} {arrow} | {} | {} | {ratio} |", cell(a, r), cell(b, s));
+            let cells: Vec<String> = a.iter().zip(&refs).map(|(v, r)| cell(*v, *r)).collect();
+            let ratios: Vec<String> = a.iter().map(|v| ratio(*v)).collect();
+            let _ = writeln!(
+                out,
+                "| {case} | {label} {arrow} | {} | {} | {} |",
+                cells.join(" | "),
+                cell(b, s),
+                ratios.join(" | ")
+            );
         }
     }
     out
@@ -175,7 +186,7 @@ mod tests {
             r#"{"scenario":"idle","case":"idle 10 connections","broker":"sub","error":"refused"}"#,
         ]
         .join("\n");
-        let t = render(&lines, "ref", "sub");
+        let t = render(&lines, &["ref"], "sub");
         assert!(t.contains("| fan-in 2→1 QoS0 | deliveries/s ↑ | 1,000 | 1,500 | 1.50 |"), "{t}");
         assert!(t.contains("| fan-in 2→1 QoS0 | latency p50 ms ↓ | 2 | 1 | 0.50 |"), "{t}");
         assert!(t.contains("| fan-in 2→1 QoS0 | lost ↓ | 0 | 0 | – |"), "{t}");
@@ -191,10 +202,27 @@ mod tests {
             r#"{"scenario":"kafka-consume","case":"consume cold","broker":"silt","records_per_s":9000.0,"mb_per_s":9.3,"missing":0}"#,
         ]
         .join("\n");
-        let t = render(&lines, "tansu", "silt");
+        let t = render(&lines, &["tansu"], "silt");
         assert!(t.contains("| produce 1p | records/s ↑ | 100,000 | 50,000 | 0.50 |"), "{t}");
         assert!(t.contains("| produce 1p | produce p50 ms ↓ | 3 | 6 | 2.00 |"), "{t}");
         assert!(t.contains("| consume cold | MB/s ↑ | – | 9.30 | – |"), "{t}");
         assert!(!t.contains("deliveries/s"), "{t}");
+    }
+
+    #[test]
+    fn two_references_get_a_column_and_a_ratio_each() {
+        let lines = [
+            r#"{"scenario":"fan-in","case":"fan-in","broker":"mosquitto","msgs_per_s":1000.0}"#,
+            r#"{"scenario":"fan-in","case":"fan-in","broker":"rumqttd","msgs_per_s":4000.0}"#,
+            r#"{"scenario":"fan-in","case":"fan-in","broker":"silt","msgs_per_s":2000.0}"#,
+        ]
+        .join("\n");
+        let t = render(&lines, &["mosquitto", "rumqttd"], "silt");
+        assert!(
+            t.starts_with("| case | figure | mosquitto | rumqttd | silt | silt/mosquitto | silt/rumqttd |\n"),
+            "{t}"
+        );
+        assert!(t.contains("|---|---|---:|---:|---:|---:|---:|\n"), "{t}");
+        assert!(t.contains("| fan-in | deliveries/s ↑ | 1,000 | 4,000 | 2,000 | 2.00 | 0.50 |"), "{t}");
     }
 }
