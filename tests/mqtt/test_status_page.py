@@ -4,6 +4,7 @@ traffic (an offline session 30 messages behind, a Kafka consumer group 8 records
 A screenshot goes to $SILT_TEST_ARTIFACTS (else target/test-artifacts/) for a person to look at."""
 
 import html
+import json
 import os
 import re
 import shutil
@@ -161,3 +162,117 @@ def test_the_page_and_its_assets_are_served_from_the_binary(start_silt):
     for path, kind in (("/status.js", "text/javascript"), ("/status.css", "text/css")):
         r = requests.get(base + path, timeout=10)
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind) and r.text, path
+
+
+class DevTools:
+    """Headless Chromium driven over the DevTools protocol on a pipe (fds 3 and 4, messages
+    ended by NUL), so a test can type into the page like a person; no extra packages."""
+
+    def __init__(self, tmp_path):
+        profile = tmp_path / "chromium-devtools-profile"
+        profile.mkdir()
+        to_chrome_r, self._w = os.pipe()
+        self._r, from_chrome_w = os.pipe()
+
+        def fds():
+            # Through copies: a pipe end may already be fd 3 or 4, and dup2 onto itself would
+            # leave it close-on-exec.
+            r, w = os.dup(to_chrome_r), os.dup(from_chrome_w)
+            os.dup2(r, 3)
+            os.dup2(w, 4)
+
+        self.proc = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
+             "--remote-debugging-pipe", "about:blank"],
+            preexec_fn=fds, pass_fds=(3, 4), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self._buf = b""
+        self._id = 0
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+
+    def call(self, method, session=None, **params):
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buf:
+                chunk = os.read(self._r, 65536)
+                assert chunk, "chromium closed the DevTools pipe"
+                self._buf += chunk
+            raw, self._buf = self._buf.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._id:
+                assert "error" not in reply, reply
+                return reply["result"]
+
+    def eval(self, expr):
+        r = self.call("Runtime.evaluate", self.session, expression=expr, awaitPromise=True, returnByValue=True)
+        assert "exceptionDetails" not in r, r
+        return r["result"].get("value")
+
+    def wait_for(self, what, expr, timeout=20):
+        deadline = time.monotonic() + timeout
+        while not self.eval(expr):
+            assert time.monotonic() < deadline, f"{what} not seen: {self.eval('document.body.innerText')}"
+            time.sleep(0.2)
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait(30)
+        os.close(self._w)
+        os.close(self._r)
+
+
+def visible(id_):
+    return f"!document.getElementById({json.dumps(id_)}).hidden"
+
+
+def submit_token(dt, token):
+    dt.eval(f"document.getElementById('token').value = {json.dumps(token)};"
+            "document.getElementById('login').requestSubmit(); true")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (scripts/test.sh installs it)")
+def test_status_page_asks_for_the_token_when_one_is_set(start_silt, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret-page-token\n")
+    # On loopback too: with a token file the API needs it wherever the listener is.
+    s = start_silt(f'[admin]\ntoken_file = "{token}"\n')
+    base = f"http://127.0.0.1:{s.admin_port}"
+    assert requests.get(base + "/api/status", timeout=10).status_code == 401
+    assert requests.get(base + "/", timeout=10).status_code == 200
+    node_id = requests.get(base + "/api/status", headers={"Authorization": "Bearer s3cret-page-token"},
+                           timeout=10).json()["node"]["id"]
+
+    dt = DevTools(tmp_path)
+    try:
+        dt.call("Page.navigate", dt.session, url=base + "/")
+        dt.wait_for("the token form", f"document.readyState === 'complete' && {visible('login')}")
+        assert dt.eval("document.getElementById('node-id').textContent") == "…"
+        assert dt.eval(f"{visible('error')}") is False
+
+        submit_token(dt, "wrong-token")
+        dt.wait_for("the wrong-token error",
+                    f"{visible('login-error')} && document.getElementById('login-error').textContent.includes('not accepted')")
+        assert dt.eval("sessionStorage.length") == 0
+        assert dt.eval("document.getElementById('node-id').textContent") == "…"
+
+        submit_token(dt, "s3cret-page-token")
+        dt.wait_for("the node's data", f"document.getElementById('node-id').textContent === {json.dumps(node_id)}")
+        assert dt.eval(f"{visible('login')}") is False
+        assert dt.eval("sessionStorage.getItem('silt-admin-token')") == "s3cret-page-token"
+        assert "s3cret" not in dt.eval("location.href")
+        # A reload in the same tab keeps it: the data comes back without the form.
+        dt.call("Page.reload", dt.session)
+        dt.wait_for("the data after a reload",
+                    f"document.readyState === 'complete' && document.getElementById('node-id').textContent === {json.dumps(node_id)}")
+        assert dt.eval(f"{visible('login')}") is False
+    finally:
+        dt.close()
+    assert not any("s3cret" in line for line in s.log)

@@ -11,7 +11,8 @@
 //!   knowledge) on the same port: axum's server answers HTTP/1.1 and HTTP/2 both.
 //!
 //! With `[admin] token_file` set, `/api/` and gRPC need `Authorization: Bearer <token>`
-//! (HTTP 401, gRPC UNAUTHENTICATED without it); without one they are open, which config
+//! on every address, loopback included (HTTP 401, gRPC UNAUTHENTICATED without it; the page
+//! asks for the token on a 401); without one they are open, which config
 //! validation allows only on a loopback address. `/metrics`, `/healthz`, `/readyz`, the page
 //! and the catalog stay open (Prometheus, load balancers). The token is never logged.
 //!

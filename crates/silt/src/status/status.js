@@ -183,18 +183,55 @@ function render(s) {
     l.fenced ? ["fenced", "bad"] : l.holding_retention ? "holding retention" : "writing"]), 8, "no lakehouse tables");
 }
 
+// With `[admin] token_file` set, /api/ answers 401 without the token. The page then asks for it
+// and keeps it in sessionStorage (this tab only, gone when it closes); it is sent only as an
+// Authorization header, never in a URL.
+const TOKEN_KEY = "silt-admin-token";
+let timer = null;
+
+function authHeaders() {
+  const t = sessionStorage.getItem(TOKEN_KEY);
+  return t ? { Authorization: "Bearer " + t } : {};
+}
+
+function askForToken(message) {
+  $("login").hidden = false;
+  $("login-error").textContent = message;
+  $("login-error").hidden = !message;
+  $("token").focus();
+}
+
 async function refresh() {
+  clearTimeout(timer);
+  timer = null;
   try {
-    const r = await fetch("api/status", { cache: "no-store" });
+    const r = await fetch("api/status", { cache: "no-store", headers: authHeaders() });
+    if (r.status === 401) {
+      const had = sessionStorage.getItem(TOKEN_KEY) !== null;
+      sessionStorage.removeItem(TOKEN_KEY);
+      $("error").hidden = true;
+      // Wait for the form rather than polling a 401 every 5 s.
+      askForToken(had ? "That token was not accepted." : "");
+      return;
+    }
     if (!r.ok) throw new Error(r.status + " " + (await r.text()).trim());
     render(await r.json());
+    $("login").hidden = true;
     $("error").hidden = true;
   } catch (e) {
     $("error").textContent = "Could not read /api/status: " + e.message;
     $("error").hidden = false;
-  } finally {
-    setTimeout(refresh, REFRESH_MS);
   }
+  timer = setTimeout(refresh, REFRESH_MS);
 }
+
+$("login").addEventListener("submit", ev => {
+  ev.preventDefault();
+  const t = $("token").value.trim();
+  $("token").value = "";
+  if (!t) return;
+  sessionStorage.setItem(TOKEN_KEY, t);
+  refresh();
+});
 
 refresh();
