@@ -743,6 +743,12 @@ impl Broker {
     /// the append path every protocol shares.
     pub async fn submit(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
+        self.submit_uncounted(message).await
+    }
+
+    /// [`Broker::submit`] for the node's own messages (`$SYS`): not counted as received
+    /// from clients.
+    pub(crate) async fn submit_uncounted(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
         // QoS 0 has no acknowledgement to hold back.
         self.appender.submit(vec![message.to_record()], Assign::ByKey, message.qos > 0).await
     }

@@ -79,7 +79,12 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
 async fn publish_retained(broker: &std::sync::Arc<Broker>, topic: String, payload: Bytes) {
     let m =
         Message { topic, payload, retain: true, utf8_payload: true, timestamp: Timestamp::now(), ..Message::default() };
-    if let Err(e) = broker.publish(&m).await {
+    // The node's own figures are not messages received from clients.
+    let published = match broker.submit_uncounted(&m).await {
+        Ok(ack) => ack.await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = published {
         tracing::debug!(error = %e, "$SYS publish failed");
     }
 }

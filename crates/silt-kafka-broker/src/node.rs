@@ -53,8 +53,9 @@ pub struct KafkaStats {
     /// Records appended by Produce, and the bytes of their record batches as sent.
     pub records_received: std::sync::atomic::AtomicU64,
     pub bytes_received: std::sync::atomic::AtomicU64,
-    /// Bytes of record batches answered by Fetch.
+    /// Bytes of record batches answered by Fetch, and the records in them.
     pub bytes_sent: std::sync::atomic::AtomicU64,
+    pub records_sent: std::sync::atomic::AtomicU64,
     /// Produce requests with acks 1 or all, received to answered (durable under the topics'
     /// policies, or refused).
     pub produce_latency: silt_types::latency::LatencyHistogram,

@@ -174,6 +174,7 @@ pub fn render(src: &Sources) -> String {
             ("silt_connections", "Open client connections.", false, st.connections.load(Relaxed)),
             ("silt_connects", CONNECTS_HELP, true, st.connects.load(Relaxed)),
             ("silt_messages_received", "Messages received from clients.", true, st.records_received.load(Relaxed)),
+            ("silt_messages_sent", "Messages delivered to clients.", true, st.records_sent.load(Relaxed)),
             ("silt_received_bytes", "Bytes read from clients.", true, st.bytes_received.load(Relaxed)),
             ("silt_sent_bytes", "Bytes written to clients.", true, st.bytes_sent.load(Relaxed)),
         ] {

@@ -81,8 +81,8 @@ impl History {
             acks = acks.merged(&b.stats.ack_latency.snapshot());
         }
         if let Some(k) = src.kafka.as_ref().and_then(Weak::upgrade) {
-            // Kafka counts records in; Fetch answers count bytes only, so "out" is MQTT's.
             messages_in += k.stats.records_received.load(Relaxed);
+            messages_out += k.stats.records_sent.load(Relaxed);
             acks = acks.merged(&k.stats.produce_latency.snapshot());
         }
         let interval = {
@@ -228,6 +228,7 @@ pub fn collect(src: &Sources, listeners: &[(String, String)], history: &History)
             "kafka".into(),
             json!({
                 "messages_in": st.records_received.load(Relaxed),
+                "messages_out": st.records_sent.load(Relaxed),
                 "bytes_in": st.bytes_received.load(Relaxed),
                 "bytes_out": st.bytes_sent.load(Relaxed),
                 "connections": st.connections.load(Relaxed),

@@ -87,7 +87,7 @@ pub async fn fetch(kafka: &Kafka, ctx: &Ctx, req: FetchRequest, _version: i16) -
             read_all(&storage, &streams, &w, max_bytes, c.as_deref(), a.as_deref())
         })
         .await;
-        let (topics, bytes, queues, missing) = match read {
+        let (topics, sent, queues, missing) = match read {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "fetch read task failed");
@@ -95,8 +95,9 @@ pub async fn fetch(kafka: &Kafka, ctx: &Ctx, req: FetchRequest, _version: i16) -
             }
         };
         let now = Instant::now();
-        if bytes >= min_bytes.max(1) || now >= deadline || topics_have_errors(&topics) {
-            kafka.stats.bytes_sent.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        if sent.bytes >= min_bytes.max(1) || now >= deadline || topics_have_errors(&topics) {
+            kafka.stats.bytes_sent.fetch_add(sent.bytes as u64, std::sync::atomic::Ordering::Relaxed);
+            kafka.stats.records_sent.fetch_add(sent.records, std::sync::atomic::Ordering::Relaxed);
             return FetchResponse::default().with_responses(topics);
         }
         // Not enough yet: sleep until the dispatcher indexes into one of these queues. The
@@ -152,7 +153,8 @@ fn read_all(
     max_bytes: usize,
     committed: Option<&Transactions>,
     acl: Option<&ReadAcl>,
-) -> (Vec<FetchableTopicResponse>, usize, Vec<QueueId>, bool) {
+) -> (Vec<FetchableTopicResponse>, Totals, Vec<QueueId>, bool) {
+    let mut sum = Totals::default();
     let mut total = 0usize;
     let mut queues = Vec::new();
     let mut missing = false;
@@ -173,7 +175,8 @@ fn read_all(
             // The first data of the response may exceed every limit (one record at least).
             let read = Read { budget, first: total == 0, committed, acl: check };
             let (data, n, queue) = read_partition(storage, streams, name.as_str(), p, read);
-            total += n;
+            total += n.bytes;
+            sum.records += n.records;
             match queue {
                 Some(q) => queues.push(q),
                 None => missing = true,
@@ -182,7 +185,15 @@ fn read_all(
         }
         out.push(t);
     }
-    (out, total, queues, missing)
+    sum.bytes = total;
+    (out, sum, queues, missing)
+}
+
+/// What a read answers: the bytes of its record batches and the records in them.
+#[derive(Clone, Copy, Default)]
+struct Totals {
+    bytes: usize,
+    records: u64,
 }
 
 /// How one partition is read.
@@ -203,12 +214,12 @@ fn read_partition(
     topic: &str,
     p: &FetchPartition,
     read: Read<'_>,
-) -> (PartitionData, usize, Option<QueueId>) {
+) -> (PartitionData, Totals, Option<QueueId>) {
     let Read { budget, first, committed, acl } = read;
     let mut data = PartitionData::default().with_partition_index(p.partition);
     let fail = |mut d: PartitionData, code: i16| {
         d.error_code = code;
-        (d, 0, None)
+        (d, Totals::default(), None)
     };
     let Some(meta) = streams.get(topic) else {
         return fail(data, ResponseError::UnknownTopicOrPartition.code());
@@ -226,7 +237,7 @@ fn read_partition(
                 data.error_code = ResponseError::OffsetOutOfRange.code();
             }
             data.records = Some(Bytes::new());
-            return (data, 0, None);
+            return (data, Totals::default(), None);
         }
         Err(e) => return fail(data, storage_error(&e)),
     };
@@ -256,7 +267,7 @@ fn read_partition(
     }
     if p.fetch_offset < start.get() as i64 || p.fetch_offset > end.get() as i64 {
         data.error_code = ResponseError::OffsetOutOfRange.code();
-        return (data, 0, Some(id));
+        return (data, Totals::default(), Some(id));
     }
     let end = Offset(lso.max(0) as u64);
     let mut out = BytesMut::new();
@@ -264,6 +275,7 @@ fn read_partition(
     let mut group_meta = BatchMeta::default();
     let mut at = Offset(p.fetch_offset as u64);
     let mut bytes = 0usize;
+    let mut records = 0u64;
     // Offsets looked at: the first, and the last (included or left out).
     let mut scanned: Option<(i64, i64)> = None;
     let mut skipped_bytes = 0usize;
@@ -306,6 +318,7 @@ fn read_partition(
             };
             scanned = Some((scanned.map_or(o, |s| s.0), o));
             bytes += entry.size as usize;
+            records += 1;
             let (meta, rec) = records::fetched(offset.get(), record);
             if !group.is_empty() && !records::same_batch(&group_meta, &meta, group.len()) {
                 batch::encode(&mut out, group_meta, &group);
@@ -324,7 +337,7 @@ fn read_partition(
         (None, Some((first, last))) => batch::encode_range(&mut out, BatchMeta::default(), first, last, &[]),
         _ => {}
     }
-    let n = out.len();
+    let n = Totals { bytes: out.len(), records };
     data.records = Some(out.freeze());
     (data, n, Some(id))
 }
