@@ -43,6 +43,14 @@ fn envelope() -> Vec<NestedField> {
     ]
 }
 
+/// The envelope columns alone as Arrow, with their field ids: what [`crate::rows::batch`] fills
+/// with no projected columns. `silt export --format parquet` writes files with the tables'
+/// columns.
+pub fn envelope_arrow() -> iceberg::Result<arrow_schema::SchemaRef> {
+    let schema = Schema::builder().with_schema_id(0).with_fields(envelope().into_iter().map(Arc::new)).build()?;
+    Ok(Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?))
+}
+
 /// The Iceberg type of a projected column.
 pub fn iceberg_type(t: ColumnType) -> Type {
     Type::Primitive(match t {

@@ -446,6 +446,11 @@ impl Storage {
         Ok((hi > lo).then(|| (lo, hi.get() - lo.get())))
     }
 
+    /// Every MQTT topic queue with its id, in topic order (`silt export`).
+    pub fn topics(&self) -> Result<Vec<(String, QueueId)>> {
+        Ok(self.index()?.topics()?.into_iter().map(|(t, m)| (t, m.id)).collect())
+    }
+
     /// Every registered wildcard filter queue.
     pub fn filters(&self) -> Result<Vec<String>> {
         Ok(self.index()?.filters()?.into_iter().map(|(f, _)| f).collect())

@@ -237,6 +237,22 @@ impl Index {
         Ok(out)
     }
 
+    /// Every registered MQTT topic queue, in topic order.
+    pub fn topics(&self) -> Result<Vec<(String, QueueMeta)>> {
+        let mut out = Vec::new();
+        let it = self.db.iterator_cf(self.cf(CF_REGISTRY), IteratorMode::From(b"t", Direction::Forward));
+        for item in it {
+            let (k, v) = item?;
+            if k.first() != Some(&b't') {
+                break;
+            }
+            if let (Ok(t), Some(m)) = (std::str::from_utf8(&k[1..]), QueueMeta::decode(&v)) {
+                out.push((t.to_owned(), m));
+            }
+        }
+        Ok(out)
+    }
+
     /// Every registered filter queue.
     pub fn filters(&self) -> Result<Vec<(String, QueueMeta)>> {
         let mut out = Vec::new();

@@ -99,6 +99,37 @@ pub enum Command {
         #[command(flatten)]
         conn: Conn,
     },
+    /// Writes the MQTT messages of the topics matching FILTER, published in [--since, --until),
+    /// as JSON lines or Parquet; topic by topic (in topic order), each in publish order. Reads
+    /// through the object store for segments no longer on the node's disk.
+    ///
+    /// JSON lines: one object per record with topic, offset, timestamp_ms, qos, retain,
+    /// payload, payload_encoding ("utf8": the payload is the text itself; "base64": it was not
+    /// valid UTF-8), user_properties ([name, value] pairs), and when present content_type,
+    /// response_topic, correlation_data (base64), message_expiry, payload_format_utf8 and key
+    /// (base64, a Kafka-produced record's). Parquet: the lakehouse tables' envelope columns.
+    /// A progress bar on stderr when it is a terminal; a summary line on stderr at the end.
+    Export {
+        /// An MQTT topic filter (+ and # wildcards); `$SYS/...` only when it starts with `$`.
+        filter: String,
+        /// From this time (ms since the epoch, RFC 3339, or a duration ago: 30s, 15m, 2h, 7d);
+        /// default: the beginning.
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Up to this time, exclusive (same forms); default: now.
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: crate::export_cli::Format,
+        /// Write here instead of stdout (required for parquet).
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Records per message from the node (it caps this).
+        #[arg(long, value_name = "N", default_value_t = 500)]
+        batch: u32,
+        #[command(flatten)]
+        conn: Conn,
+    },
     /// Seals the commitlog's active segment now.
     RollSegment {
         #[command(flatten)]
@@ -117,6 +148,7 @@ impl Command {
             | Command::Groups { conn, .. }
             | Command::ResetOffsets { conn, .. }
             | Command::Offsets { conn, .. }
+            | Command::Export { conn, .. }
             | Command::RollSegment { conn } => conn,
         }
     }
@@ -147,7 +179,7 @@ pub fn run(cmd: Command) -> ExitCode {
     }
 }
 
-enum Failure {
+pub(crate) enum Failure {
     Local(anyhow::Error),
     Refused(Status),
 }
@@ -166,7 +198,8 @@ impl From<anyhow::Error> for Failure {
 
 /// Adds the bearer token to each call.
 type Authorize = Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Send>;
-type Client = AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Authorize>>;
+pub(crate) type Client =
+    AdminClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Authorize>>;
 
 async fn connect(conn: &Conn) -> anyhow::Result<Client> {
     let bearer = match &conn.token_file {
@@ -243,7 +276,17 @@ async fn call(cmd: &Command) -> Result<String, Failure> {
                 };
             }
             Ok(table(
-                &["STREAM", "PARTITIONS", "TIER", "ACK", "RETENTION MS", "RETENTION BYTES", "TABLE"],
+                &[
+                    "STREAM",
+                    "PARTITIONS",
+                    "TIER",
+                    "ACK",
+                    "RETENTION MS",
+                    "RETENTION BYTES",
+                    "LOCAL BYTES",
+                    "BUCKET BYTES",
+                    "TABLE",
+                ],
                 streams
                     .into_iter()
                     .map(|s| {
@@ -254,6 +297,8 @@ async fn call(cmd: &Command) -> Result<String, Failure> {
                             s.ack,
                             limit(s.retention_ms),
                             limit(s.retention_bytes),
+                            s.local_bytes.to_string(),
+                            s.bucket_bytes.to_string(),
                             dash(s.lakehouse_table),
                         ]
                     })
@@ -383,6 +428,24 @@ async fn call(cmd: &Command) -> Result<String, Failure> {
                 &["TOPIC", "PARTITION", "OFFSET"],
                 r.offsets.into_iter().map(|o| vec![o.topic, o.partition.to_string(), o.offset.to_string()]).collect(),
             ))
+        }
+        Command::Export { filter, since, until, format, output, batch, .. } => {
+            let args = crate::export_cli::Args {
+                filter,
+                since: since.as_deref(),
+                until: until.as_deref(),
+                format: *format,
+                output: output.as_ref(),
+                batch: *batch,
+            };
+            let s = crate::export_cli::run(&mut c, args).await?;
+            if as_json {
+                let summary = serde_json::json!({"records": s.records, "bytes": s.bytes, "topics": s.topics});
+                eprintln!("{summary}");
+            } else {
+                eprintln!("exported {} records ({} payload bytes) from {} topics", s.records, s.bytes, s.topics);
+            }
+            Ok(String::new())
         }
         Command::RollSegment { .. } => {
             let r = c.roll_segment(pb::RollSegmentRequest {}).await?.into_inner();

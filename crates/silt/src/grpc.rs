@@ -388,6 +388,17 @@ impl pb::admin_server::Admin for Api {
         Ok(Response::new(pb::ListOffsetsResponse { offsets: self.offsets(&r.topic, at).await? }))
     }
 
+    type ExportStream = crate::export::ExportStream;
+
+    async fn export(&self, r: Request<pb::ExportRequest>) -> Reply<Self::ExportStream> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let plan = crate::export::Plan::new(r.get_ref(), Timestamp(now))?;
+        let storage = self.sources()?.storage.clone();
+        Ok(Response::new(crate::export::start(storage, plan)))
+    }
+
     async fn roll_segment(&self, _: Request<pb::RollSegmentRequest>) -> Reply<pb::RollSegmentResponse> {
         let storage = self.sources()?.storage.clone();
         let sealed_end = storage.roll().await.map_err(storage_error)?;
@@ -407,5 +418,7 @@ fn stream(s: crate::status::StreamInfo) -> pb::Stream {
         retention_ms: s.retention_ms,
         retention_bytes: s.retention_bytes,
         lakehouse_table: s.lakehouse_table.unwrap_or_default(),
+        local_bytes: s.local_bytes,
+        bucket_bytes: s.bucket_bytes,
     }
 }

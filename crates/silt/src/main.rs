@@ -7,6 +7,8 @@
 mod admin;
 mod cli;
 mod config;
+mod export;
+mod export_cli;
 mod fsck;
 mod grpc;
 mod metrics;
