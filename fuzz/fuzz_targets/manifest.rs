@@ -52,7 +52,7 @@ fn objects_from(start: u64, specs: impl IntoIterator<Item = (String, u16, i64, i
         .map(|(key, len, min_ts, max_ts)| {
             let base = at;
             at += u64::from(len) + 1;
-            ObjectEntry { key, base, end: at, size: at - base + 12, min_ts, max_ts, gaps: Vec::new() }
+            ObjectEntry { key, base, end: at, size: at - base + 12, min_ts, max_ts, gaps: Vec::new(), streams: Default::default() }
         })
         .collect()
 }
@@ -114,6 +114,7 @@ fuzz_target!(|input: Input| match input {
                 min_ts: 0,
                 max_ts: 0,
                 gaps,
+                streams: Default::default(),
             });
         }
         let floors: BTreeMap<String, u64> = g.floors.into_iter().collect();

@@ -11,6 +11,7 @@
 //!   block cache.
 //! - [`multipart`]: incomplete multipart uploads, listed by hand (S3 ListMultipartUploads) and
 //!   aborted by the orphan sweep.
+//! - [`sizes`]: each stream's bytes on the local disk and in the bucket, from the manifest.
 //! - [`Tiering`]: the uploader, the `ack = "object"` window (tail uploads), hot-cache
 //!   eviction, retention, the sweep of orphan objects, and recovery of an empty data directory
 //!   from the bucket.
@@ -32,6 +33,7 @@ pub mod manifest;
 pub mod multipart;
 mod recovery;
 mod retention;
+pub mod sizes;
 pub mod store;
 mod upload;
 
@@ -123,6 +125,8 @@ struct Inner {
     store: Arc<dyn ObjectStore>,
     log: ManifestLog,
     manifest: tokio::sync::Mutex<Manifest>,
+    /// The committed manifest's per-object sizes, for [`Tiering::stream_sizes`] off the runtime.
+    sizes: Mutex<Arc<Vec<sizes::ObjectSizes>>>,
     epoch: u64,
     /// This node's name in the manifest (`writer`).
     writer: String,
@@ -237,6 +241,7 @@ impl Tiering {
             log,
             epoch: mine.epoch,
             writer: mine.writer.clone(),
+            sizes: Mutex::new(Arc::new(sizes::of_manifest(&mine))),
             manifest: tokio::sync::Mutex::new(mine),
 
             policies: Arc::new(policies),
@@ -419,6 +424,16 @@ impl Tiering {
         self.inner.stats()
     }
 
+    /// Each stream's bytes on the local disk and in the bucket (see [`sizes`] for what they
+    /// count). No I/O: from the committed manifest and the storage engine's segment list.
+    pub fn stream_sizes(&self) -> sizes::StreamSizes {
+        let objects = self.inner.sizes.lock().expect("invariant: lock not poisoned").clone();
+        match self.inner.storage.get() {
+            Some(s) => sizes::compute(&objects, &s.sealed_segments(), s.active_span()),
+            None => sizes::compute(&objects, &[], (LogPosition(0), LogPosition(0))),
+        }
+    }
+
     /// Seals the active segment and waits (up to `shutdown_upload_timeout_ms`) until every
     /// sealed segment is in the store. What is left is uploaded on the next start.
     pub fn shutdown(&self) {
@@ -476,6 +491,10 @@ impl Inner {
         }
     }
 
+    fn set_sizes(&self, m: &Manifest) {
+        *self.sizes.lock().expect("invariant: lock not poisoned") = Arc::new(sizes::of_manifest(m));
+    }
+
     /// Publishes the next manifest version with `change` applied.
     async fn commit(&self, change: impl FnOnce(&mut Manifest)) -> Result<(), Error> {
         let mut m = self.manifest.lock().await;
@@ -485,11 +504,13 @@ impl Inner {
         match self.log.commit(&next).await? {
             Commit::Done => {
                 *m = next;
+                self.set_sizes(&m);
                 Ok(())
             }
             Commit::Lost(head) => {
                 let e = Error::Fenced { epoch: head.epoch, writer: head.writer.clone() };
                 *m = *head;
+                self.set_sizes(&m);
                 Err(e)
             }
         }

@@ -236,7 +236,16 @@ mod tests {
     use object_store::local::LocalFileSystem;
 
     fn entry(size: u64) -> ObjectEntry {
-        ObjectEntry { key: "segments/x".into(), base: 0, end: 4, size, min_ts: 0, max_ts: 0, gaps: Vec::new() }
+        ObjectEntry {
+            key: "segments/x".into(),
+            base: 0,
+            end: 4,
+            size,
+            min_ts: 0,
+            max_ts: 0,
+            gaps: Vec::new(),
+            streams: Default::default(),
+        }
     }
 
     /// An object whose trailer names a footer longer than the object, or that is shorter than

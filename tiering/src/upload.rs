@@ -61,6 +61,7 @@ impl Inner {
             min_ts: footer.min_ts,
             max_ts: footer.max_ts,
             gaps: footer.gaps.iter().map(|&(s, e)| (base + s, base + e)).collect(),
+            streams: ObjectEntry::stream_bytes(&footer.partitions),
         };
         if !entry.gaps.is_empty() {
             let bytes: u64 = footer.gaps.iter().map(|(s, e)| e - s).sum();

@@ -55,6 +55,10 @@ impl EncodeMetric for ConstHistogram<'_> {
 
 /// Most consumer-group lag series one scrape reports (groups in id order).
 const MAX_GROUP_LAG_SERIES: usize = 10_000;
+/// Most streams one scrape reports `silt_stream_bytes` for (streams in name order; two series
+/// each).
+const MAX_STREAM_BYTES_SERIES: usize = 10_000;
+const STREAM_BYTES_HELP: &str = "Record bytes of a stream in uploaded segments, on the local disk and in the bucket (the tail not yet uploaded is in silt_stream_unattributed_bytes).";
 
 #[derive(Debug)]
 struct Figure {
@@ -230,6 +234,18 @@ pub fn render(src: &Sources) -> String {
     .counter("silt_storage_quarantined_batches", "Bad batches with no good copy, quarantined.", st.quarantined_batches)
     .counter("silt_storage_quarantined_bytes", "Bytes of quarantined batches.", st.quarantined_bytes)
     .counter("silt_storage_skipped_records", "Records dispatch could not index.", st.skipped_records);
+    let sizes = src.tiering.stream_sizes();
+    for (name, b) in sizes.streams.iter().take(MAX_STREAM_BYTES_SERIES) {
+        s.gauge("silt_stream_bytes", STREAM_BYTES_HELP, b.local)
+            .with(&[("stream", name.as_str()), ("location", "local")])
+            .gauge("silt_stream_bytes", STREAM_BYTES_HELP, b.bucket)
+            .with(&[("stream", name.as_str()), ("location", "bucket")]);
+    }
+    let other = "Bytes held that no stream is named for: batch framing, segment headers and footers, and locally the tail not yet uploaded.";
+    s.gauge("silt_stream_unattributed_bytes", other, sizes.other.local)
+        .with(&[("location", "local")])
+        .gauge("silt_stream_unattributed_bytes", other, sizes.other.bucket)
+        .with(&[("location", "bucket")]);
     let t = src.tiering.stats();
     s.gauge("silt_tiering_upload_lag_bytes", "Log bytes not yet in the object store.", t.upload_lag_bytes)
         .gauge(

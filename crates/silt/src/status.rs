@@ -9,7 +9,8 @@
 //! [`History`] keeps the last ten minutes of throughput and ack latency, sampled every 5 s by
 //! [`sample_every`], so the page has charts as soon as it loads. Not guaranteed: sessions'
 //! backlogs are the ones `$SYS` last published (every `mqtt.sys_interval_secs`), and a stream's
-//! bytes are not shown (the commitlog holds every stream together; only its total is known).
+//! bytes are its records' bytes in uploaded segments (`silt_tiering::sizes`): the tail not yet
+//! uploaded, and framing, are shown apart as `streams_other`, attributed to no stream.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -157,12 +158,16 @@ pub struct StreamInfo {
     pub retention_ms: u64,
     pub retention_bytes: u64,
     pub lakehouse_table: Option<String>,
+    /// Record bytes of uploaded segments still on the local disk, and in the bucket.
+    pub local_bytes: u64,
+    pub bucket_bytes: u64,
 }
 
 /// Every stream, by name.
 pub fn stream_infos(src: &Sources, broker: &silt_broker::Broker) -> Vec<StreamInfo> {
     let policies = src.tiering.policies();
     let spelling = |v: Value| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
+    let sizes = src.tiering.stream_sizes();
     let mut out: Vec<StreamInfo> = broker
         .appender()
         .streams()
@@ -170,7 +175,10 @@ pub fn stream_infos(src: &Sources, broker: &silt_broker::Broker) -> Vec<StreamIn
         .into_iter()
         .map(|(name, meta)| {
             let p = policies.for_topic(&name);
+            let size = sizes.streams.get(&name).copied().unwrap_or_default();
             StreamInfo {
+                local_bytes: size.local,
+                bucket_bytes: size.bucket,
                 partitions: meta.partitions,
                 created_ms: meta.created_ms,
                 tier: spelling(serde_json::to_value(p.tier).unwrap_or_default()),
@@ -221,6 +229,8 @@ pub fn collect(src: &Sources, listeners: &[(String, String)], history: &History)
         sessions = json!({"total": b.session_count(), "backlog": backlog, "largest": top});
         streams.extend(stream_infos(src, &b).into_iter().map(|s| serde_json::to_value(s).unwrap_or_default()));
     }
+    let other = src.tiering.stream_sizes().other;
+    let streams_other = json!({"local_bytes": other.local, "bucket_bytes": other.bucket});
     let mut groups = Vec::new();
     if let Some(k) = src.kafka.as_ref().and_then(Weak::upgrade) {
         let st = &k.stats;
@@ -288,6 +298,7 @@ pub fn collect(src: &Sources, listeners: &[(String, String)], history: &History)
         "latency": latencies,
         "storage": storage,
         "streams": streams,
+        "streams_other": streams_other,
         "sessions": sessions,
         "consumer_groups": groups,
         "tiering": tiering,

@@ -151,7 +151,11 @@ function render(s) {
 
   fill("streams", s.streams.map(st => [st.name, [num(st.partitions), "num"], st.tier, st.ack,
     duration(st.retention_ms / 1000), st.retention_bytes ? bytes(st.retention_bytes) : "no limit",
-    st.lakehouse_table || "–"]), 7, "no streams yet");
+    [bytes(st.local_bytes), "num"], [bytes(st.bucket_bytes), "num"],
+    st.lakehouse_table || "–"]), 9, "no streams yet");
+  const other = s.streams_other || { local_bytes: 0, bucket_bytes: 0 };
+  $("streams-other").textContent = `Records' bytes in uploaded segments. Not attributed to a stream: ` +
+    `${bytes(other.local_bytes)} local (the tail not yet uploaded, framing), ${bytes(other.bucket_bytes)} in the bucket (framing, footers).`;
 
   const sessions = s.sessions || { total: 0, backlog: 0, largest: [] };
   $("sessions-summary").textContent =
