@@ -82,3 +82,16 @@ def test_a_bad_filter_is_refused(silt):
     assert b"InvalidArgument" in r.stderr and b"a/#/b" in r.stderr, r.stderr
     r = export(silt, "a", "--format", "parquet", check=False)
     assert r.returncode != 0 and b"--output" in r.stderr
+
+
+def test_records_larger_than_a_grpc_default_message_come_out(start_silt):
+    # A node that takes 8 MiB packets: an export batch then exceeds gRPC's 4 MiB default.
+    s = start_silt("[mqtt]\nmax_packet_size = 9000000\n")
+    c = Client(s, "big-exporter")
+    big = bytes(range(256)) * (6 << 12)  # 6 MiB
+    publish(c, "big/1", big)
+    publish(c, "big/1", b"small")
+    c.close()
+    r = export(s, "big/#")
+    lines = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert [payload_of(x) for x in lines] == [big, b"small"]

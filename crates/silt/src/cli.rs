@@ -226,8 +226,13 @@ async fn connect(conn: &Conn) -> anyhow::Result<Client> {
         }
         Ok(req)
     });
-    Ok(AdminClient::with_interceptor(channel, add))
+    // An export batch is cut after 1 MiB of payload, so it holds at most that plus one record,
+    // and a record is at most an MQTT packet (256 MiB): above tonic's 4 MiB default.
+    Ok(AdminClient::with_interceptor(channel, add).max_decoding_message_size(MAX_REPLY))
 }
+
+/// The largest admin reply the CLI accepts (an export batch; see above).
+const MAX_REPLY: usize = 257 << 20;
 
 fn json(v: &impl Serialize) -> Result<String, Failure> {
     serde_json::to_string_pretty(v).map(|s| s + "\n").map_err(|e| Failure::Local(e.into()))
