@@ -43,7 +43,18 @@ pub fn scan(
         let Some((last, _)) = batch.last() else { break };
         at = last.next();
         for (_, e) in batch {
-            f(e, storage.read_record(&e)?);
+            match storage.read_record(&e) {
+                Ok(r) => f(e, r),
+                // A batch that failed its checks with no good copy (a bad disk, before the
+                // upload) is lost, its internal records with it: start-up goes on with the
+                // state before them (an older snapshot, offsets committed earlier) rather
+                // than refusing to start. Storage has logged the quarantine as an error.
+                Err(err) if err.kind() == silt_storage::ErrorKind::Expired => {
+                    tracing::error!(stream, position = e.position.get(), error = %err, "internal record lost, skipped");
+                    continue;
+                }
+                Err(err) => return Err(err),
+            }
             n += 1;
         }
     }

@@ -193,4 +193,61 @@ mod tests {
         assert_eq!(streams.get("factory").map(|m| m.partitions), Some(3));
         assert_eq!(streams.get("orders"), None);
     }
+    /// A bad disk: the batch holding a registration fails its checks and no good copy exists
+    /// (not uploaded yet). Start-up goes on without it instead of refusing to start.
+    #[test]
+    fn a_registration_lost_with_its_batch_is_skipped_and_the_rest_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = silt_storage::StorageConfig {
+            segment_bytes: 4096,
+            tail_cache_bytes: 0,
+            ..silt_storage::StorageConfig::default()
+        };
+        {
+            let s = Storage::open(dir.path(), config.clone()).unwrap();
+            let streams = Streams::load(&s).unwrap().0;
+            s.append_blocking(&[streams.create("factory", 3).unwrap()]).unwrap();
+            s.append_blocking(&[streams.create("orders", 2).unwrap()]).unwrap();
+            s.append_blocking(&[streams.create("invoices", 4).unwrap()]).unwrap();
+            // Filler in another stream until the registrations' segment is sealed.
+            for i in 0..100 {
+                let (_, r) = streams.ensure("filler", 1);
+                let mut batch: Vec<_> = r.into_iter().collect();
+                batch.push(silt_storage::Record {
+                    stream: "filler".into(),
+                    value: bytes::Bytes::from(vec![b'x'; 200 + i]),
+                    ..silt_storage::Record::default()
+                });
+                s.append_blocking(&batch).unwrap();
+                streams.confirm("filler");
+            }
+            s.close().unwrap();
+        }
+        let mut segments: Vec<_> = std::fs::read_dir(dir.path().join("log"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        segments.sort();
+        assert!(segments.len() > 1, "the registrations' segment is sealed");
+        let mut data = std::fs::read(&segments[0]).unwrap();
+        let at = data.windows(6).position(|w| w == b"orders").expect("the registration is in the first segment");
+        data[at + 8] ^= 0x10;
+        std::fs::write(&segments[0], data).unwrap();
+
+        /// An object store that holds no copy (the segment was never uploaded).
+        struct Empty;
+        impl silt_storage::ColdReader for Empty {
+            fn read(&self, pos: silt_types::LogPosition, _: usize) -> silt_storage::Result<bytes::Bytes> {
+                Err(silt_storage::Error::Unavailable(format!("nothing uploaded at {pos}")))
+            }
+        }
+        let s = Storage::open(dir.path(), config).unwrap();
+        s.set_cold_reader(std::sync::Arc::new(Empty));
+        let streams = Streams::load(&s).expect("start-up goes on past a lost registration").0;
+        assert_eq!(s.stats().quarantined_batches, 1);
+        assert_eq!(streams.get("factory").map(|m| m.partitions), Some(3));
+        assert_eq!(streams.get("invoices").map(|m| m.partitions), Some(4));
+        assert_eq!(streams.get("orders"), None, "lost with its batch");
+    }
 }
