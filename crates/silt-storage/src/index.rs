@@ -239,31 +239,25 @@ impl Index {
 
     /// Every registered MQTT topic queue, in topic order.
     pub fn topics(&self) -> Result<Vec<(String, QueueMeta)>> {
-        let mut out = Vec::new();
-        let it = self.db.iterator_cf(self.cf(CF_REGISTRY), IteratorMode::From(b"t", Direction::Forward));
-        for item in it {
-            let (k, v) = item?;
-            if k.first() != Some(&b't') {
-                break;
-            }
-            if let (Ok(t), Some(m)) = (std::str::from_utf8(&k[1..]), QueueMeta::decode(&v)) {
-                out.push((t.to_owned(), m));
-            }
-        }
-        Ok(out)
+        self.registered(b't')
     }
 
     /// Every registered filter queue.
     pub fn filters(&self) -> Result<Vec<(String, QueueMeta)>> {
+        self.registered(b'f')
+    }
+
+    /// The registered queues whose registry key starts with `kind`, by name, in name order.
+    fn registered(&self, kind: u8) -> Result<Vec<(String, QueueMeta)>> {
         let mut out = Vec::new();
-        let it = self.db.iterator_cf(self.cf(CF_REGISTRY), IteratorMode::From(b"f", Direction::Forward));
+        let it = self.db.iterator_cf(self.cf(CF_REGISTRY), IteratorMode::From(&[kind], Direction::Forward));
         for item in it {
             let (k, v) = item?;
-            if k.first() != Some(&b'f') {
+            if k.first() != Some(&kind) {
                 break;
             }
-            if let (Ok(f), Some(m)) = (std::str::from_utf8(&k[1..]), QueueMeta::decode(&v)) {
-                out.push((f.to_owned(), m));
+            if let (Ok(name), Some(m)) = (std::str::from_utf8(&k[1..]), QueueMeta::decode(&v)) {
+                out.push((name.to_owned(), m));
             }
         }
         Ok(out)
