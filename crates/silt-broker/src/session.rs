@@ -15,6 +15,12 @@
 //!   is never delivered twice and a QoS 0 one never more than once.
 //! - Only entries below the storage's dispatched position are merged: every queue is complete
 //!   up to there, so no message is missed by one subscription and duplicated by another.
+//! - A pull reads only memory (the index's newest entries, the log's tail cache), so it can
+//!   run under the session's lock on the async runtime. What memory does not hold (a queue
+//!   behind, a record no longer in the tail cache) comes back as [`Reads`], which the caller
+//!   runs off the runtime without the lock ([`Reads::run`]) and hands back
+//!   ([`Subscriptions::supply`]) before pulling again. Until then the merge stops: it never
+//!   passes a subscription whose next entry it does not know.
 //!
 //! Snapshots of persistent sessions are appended to the internal stream `__silt_sessions`
 //! (key: client id; an empty value deletes), so they live in the commitlog with everything
@@ -35,6 +41,9 @@ pub const SESSIONS_STREAM: &str = "__silt_sessions";
 
 /// Entries fetched per queue per pull.
 const FETCH: usize = 256;
+/// Records read ahead off the runtime at most at once, and their bytes (at least one record).
+const READ_AHEAD: usize = 256;
+const READ_AHEAD_BYTES: u64 = 8 << 20;
 
 /// A subscription as persisted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -222,6 +231,11 @@ pub struct Subscription {
     /// in-flight deliveries completed early): skipped when the pull gets there, never sent
     /// again.
     done: OffsetSet,
+    /// Known without reading the index: the queue was missing while the storage had forgotten
+    /// that many created queues' names (`absent`), or had nothing past `read` (the offset here)
+    /// while it had forgotten that many entries (`quiet`).
+    absent: Option<u64>,
+    quiet: Option<(Offset, u64)>,
 }
 
 impl Subscription {
@@ -231,7 +245,17 @@ impl Subscription {
         for (start, end) in std::mem::take(&mut state.settled) {
             done.insert_range(start.max(state.cursor + 1), end);
         }
-        Self { state, queue, queue_id: None, read, buf: VecDeque::new(), pending: BTreeMap::new(), done }
+        Self {
+            state,
+            queue,
+            queue_id: None,
+            read,
+            buf: VecDeque::new(),
+            pending: BTreeMap::new(),
+            done,
+            absent: None,
+            quiet: None,
+        }
     }
 
     /// The offsets above the cursor that are done: those the pull passed that are neither in
@@ -266,22 +290,43 @@ impl Subscription {
         self.state.cursor = first_pending.map_or(next_undelivered, |p| p.min(next_undelivered)).get();
     }
 
-    fn fetch(&mut self, storage: &Storage, limit: LogPosition) -> silt_storage::Result<()> {
+    /// Fills an empty buffer from memory; the read it needs when memory cannot tell.
+    fn fetch(&mut self, storage: &Storage, limit: LogPosition) -> Option<QueueRead> {
         if !self.buf.is_empty() {
-            return Ok(());
+            return None;
         }
+        let read = QueueRead {
+            filter: self.state.filter.clone(),
+            name: self.queue.clone(),
+            id: self.queue_id,
+            from: self.read,
+        };
         if self.queue_id.is_none() {
-            self.queue_id = storage.queue_id(&self.queue)?;
+            self.queue_id = storage.created_queue_id(&self.queue);
         }
-        let Some(id) = self.queue_id else { return Ok(()) };
-        for (off, e) in storage.read_index(id, self.read, FETCH)? {
+        let Some(id) = self.queue_id else {
+            return (self.absent != Some(storage.created_forgotten())).then_some(read);
+        };
+        match storage.read_index_cached(id, self.read, FETCH) {
+            Some(entries) => {
+                self.take(entries, limit);
+                None
+            }
+            None if self.quiet == Some((self.read, storage.recent_forgotten())) && !storage.holds_recent(id) => None,
+            None => Some(read),
+        }
+    }
+
+    /// Buffers `entries` (from `read` on) up to `limit`; whether all of them were below it.
+    fn take(&mut self, entries: Vec<(Offset, IndexEntry)>, limit: LogPosition) -> bool {
+        for (off, e) in entries {
             if e.position >= limit {
-                break;
+                return false;
             }
             self.read = off.next();
             self.buf.push_back((off, e));
         }
-        Ok(())
+        true
     }
 
     /// Number of entries between the cursor and the end of the queue (the backlog).
@@ -314,26 +359,120 @@ pub struct Outgoing {
 #[derive(Debug, Default)]
 pub struct Subscriptions {
     pub subs: BTreeMap<String, Subscription>,
+    /// Records read off the runtime for buffered entries, by position, until merged.
+    prefetched: BTreeMap<LogPosition, silt_storage::Result<Record>>,
+}
+
+/// What one pull chose, and what it could not read from memory.
+#[derive(Debug)]
+pub struct Pulled {
+    pub out: Vec<Outgoing>,
+    pub reads: Option<Reads>,
+}
+
+/// Index and log reads a pull needs: RocksDB, the disk, possibly the object store. Run them
+/// off the async runtime and without the session's lock, then [`Subscriptions::supply`].
+#[derive(Debug, Default)]
+pub struct Reads {
+    queues: Vec<QueueRead>,
+    records: Vec<IndexEntry>,
+}
+
+#[derive(Debug)]
+struct QueueRead {
+    filter: String,
+    name: QueueName,
+    id: Option<QueueId>,
+    from: Offset,
+}
+
+/// What [`Reads::run`] read.
+#[derive(Debug)]
+pub struct ReadsDone {
+    /// The dispatched position and the storage's forgotten counts before reading.
+    limit: LogPosition,
+    created_forgotten: u64,
+    forgotten: u64,
+    queues: Vec<QueueDone>,
+    records: Vec<(LogPosition, silt_storage::Result<Record>)>,
+}
+
+#[derive(Debug)]
+struct QueueDone {
+    filter: String,
+    from: Offset,
+    id: Option<QueueId>,
+    entries: Vec<(Offset, IndexEntry)>,
+}
+
+impl Reads {
+    pub fn is_empty(&self) -> bool {
+        self.queues.is_empty() && self.records.is_empty()
+    }
+
+    /// Blocks on RocksDB, the disk and possibly the object store. A record that cannot be
+    /// read is handed back as its error (a gone one is skipped by the merge, any other fails
+    /// the pull); a failed index read fails here.
+    pub fn run(self, storage: &Storage) -> silt_storage::Result<ReadsDone> {
+        let limit = storage.dispatched();
+        let created_forgotten = storage.created_forgotten();
+        let forgotten = storage.recent_forgotten();
+        let mut queues = Vec::with_capacity(self.queues.len());
+        for q in self.queues {
+            let id = match q.id {
+                Some(id) => Some(id),
+                None => storage.queue_id(&q.name)?,
+            };
+            let entries = match id {
+                Some(id) => storage.read_index(id, q.from, FETCH)?,
+                None => Vec::new(),
+            };
+            queues.push(QueueDone { filter: q.filter, from: q.from, id, entries });
+        }
+        let records = self.records.iter().map(|e| (e.position, storage.read_record(e))).collect();
+        Ok(ReadsDone { limit, created_forgotten, forgotten, queues, records })
+    }
 }
 
 impl Subscriptions {
-    /// Picks up to `max` messages in log order across all subscriptions. Messages that need no
-    /// acknowledgement (QoS 0) settle at once; others settle on [`Self::settle`].
+    /// Picks up to `max` messages in log order across all subscriptions, from memory only
+    /// (see the module doc): what it could not read is in [`Pulled::reads`]. Messages that need
+    /// no acknowledgement (QoS 0) settle at once; others settle on [`Self::settle`].
     pub fn pull(
         &mut self,
         storage: &Storage,
         client_id: &str,
         now: Timestamp,
         max: usize,
-    ) -> silt_storage::Result<Vec<Outgoing>> {
+    ) -> silt_storage::Result<Pulled> {
         let limit = storage.dispatched();
         let mut out = Vec::new();
+        let mut reads = Reads::default();
         while out.len() < max {
-            for s in self.subs.values_mut() {
-                s.fetch(storage, limit)?;
-            }
-            let Some(head) = self.subs.values().filter_map(|s| s.buf.front().map(|(_, e)| e.position)).min() else {
+            reads.queues.extend(self.subs.values_mut().filter_map(|s| s.fetch(storage, limit)));
+            if !reads.queues.is_empty() {
                 break;
+            }
+            let Some(entry) =
+                self.subs.values().filter_map(|s| s.buf.front().map(|(_, e)| *e)).min_by_key(|e| e.position)
+            else {
+                break;
+            };
+            let head = entry.position;
+            while let Some(first) = self.prefetched.first_entry()
+                && *first.key() < head
+            {
+                drop(first.remove()); // read for entries given back or skipped meanwhile
+            }
+            let read = match self.prefetched.remove(&head) {
+                Some(r) => r,
+                None => match storage.read_record_cached(&entry) {
+                    Some(r) => r,
+                    None => {
+                        reads.records = self.uncached(storage);
+                        break;
+                    }
+                },
             };
             let mut matched: Vec<(&mut Subscription, Offset, IndexEntry)> = Vec::new();
             for s in self.subs.values_mut() {
@@ -342,10 +481,9 @@ impl Subscriptions {
                     matched.push((s, o, e));
                 }
             }
-            let entry = matched[0].2;
             // Gone records (retention raced the read, or a `tier = "local"` message lost with
             // the disk) are skipped like expired ones: the cursors move past them.
-            let (message, gone) = match storage.read_record(&entry) {
+            let (message, gone) = match read {
                 Ok(r) => (Message::from_record(r), false),
                 Err(e) if e.kind() == silt_storage::ErrorKind::Expired => (Message::default(), true),
                 Err(e) => return Err(e),
@@ -400,6 +538,70 @@ impl Subscriptions {
                 settles,
             });
         }
+        Ok(Pulled { out, reads: (!reads.is_empty()).then_some(reads) })
+    }
+
+    /// The buffered entries whose records memory does not hold, in log order, up to the
+    /// read-ahead bounds.
+    fn uncached(&self, storage: &Storage) -> Vec<IndexEntry> {
+        let mut entries: Vec<IndexEntry> = self.subs.values().flat_map(|s| s.buf.iter().map(|(_, e)| *e)).collect();
+        entries.sort_unstable_by_key(|e| e.position);
+        entries.dedup_by_key(|e| e.position);
+        let mut bytes = 0u64;
+        let mut out = Vec::new();
+        for e in entries {
+            if out.len() == READ_AHEAD || (!out.is_empty() && bytes + u64::from(e.size) > READ_AHEAD_BYTES) {
+                break;
+            }
+            if self.prefetched.contains_key(&e.position) || storage.read_record_cached(&e).is_some() {
+                continue;
+            }
+            bytes += u64::from(e.size);
+            out.push(e);
+        }
+        out
+    }
+
+    /// Takes in what [`Reads::run`] read. A subscription that moved meanwhile (rewound, given
+    /// entries back, or gone) ignores its part; the next pull asks again.
+    pub fn supply(&mut self, done: ReadsDone) {
+        for q in done.queues {
+            let Some(s) = self.subs.get_mut(&q.filter) else { continue };
+            if s.read != q.from || !s.buf.is_empty() {
+                continue;
+            }
+            let Some(id) = q.id else {
+                s.absent = Some(done.created_forgotten);
+                continue;
+            };
+            s.queue_id = Some(id);
+            let full = q.entries.len() == FETCH;
+            if s.take(q.entries, done.limit) && !full {
+                s.quiet = Some((s.read, done.forgotten));
+            }
+        }
+        for (pos, r) in done.records {
+            self.prefetched.insert(pos, r);
+        }
+    }
+
+    /// [`Self::pull`] with its reads done on this thread: for callers off the async runtime.
+    pub fn pull_blocking(
+        &mut self,
+        storage: &Storage,
+        client_id: &str,
+        now: Timestamp,
+        max: usize,
+    ) -> silt_storage::Result<Vec<Outgoing>> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let p = self.pull(storage, client_id, now, max - out.len())?;
+            out.extend(p.out);
+            match p.reads {
+                Some(reads) => self.supply(reads.run(storage)?),
+                None => break,
+            }
+        }
         Ok(out)
     }
 
@@ -449,6 +651,7 @@ impl Subscriptions {
     /// Forgets in-flight state so delivery restarts at the cursors (after a reconnect); what
     /// was settled above them stays settled.
     pub fn rewind(&mut self) {
+        self.prefetched.clear();
         for s in self.subs.values_mut() {
             let settled = s.settled();
             s.pending.clear();

@@ -36,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::format::RecordHead;
 use crate::index::{Index, IndexBatch, IndexEntry, QueueMeta, QueueName};
 use crate::log::{Batch, LogShared};
+use crate::recent::RecentEntries;
 use crate::throttle::Throttle;
 
 /// Control record operations (first byte of a control record's value).
@@ -96,6 +97,7 @@ pub(crate) struct Dispatcher {
     next_queue_id: u64,
     listeners: Vec<Arc<dyn DispatchListener>>,
     progress: watch::Sender<LogPosition>,
+    recent: Arc<RecentEntries>,
 }
 
 /// Per-round state: queues touched and changed, committed together.
@@ -103,6 +105,11 @@ struct Round<'a> {
     batch: IndexBatch<'a>,
     touched: HashMap<Vec<u8>, QueueState>,
     dropped: Vec<Vec<u8>>,
+    /// Queues created and dropped, and the entries appended, in order (for the recent-entries
+    /// cache).
+    created: Vec<(Vec<u8>, QueueId)>,
+    dropped_ids: Vec<QueueId>,
+    appended: Vec<(QueueId, Offset, IndexEntry)>,
     queues: Vec<QueueId>,
     topics: Vec<String>,
     ids_changed: bool,
@@ -118,11 +125,12 @@ impl Dispatcher {
         cache_entries: usize,
         listeners: Vec<Arc<dyn DispatchListener>>,
         progress: watch::Sender<LogPosition>,
+        recent: Arc<RecentEntries>,
     ) -> Result<Self> {
         let filters = load_filters(&index)?;
         let next_queue_id = index.next_queue_id()?;
         let cache = LruCache::new(NonZeroUsize::new(cache_entries).expect("invariant: validated > 0"));
-        Ok(Self { log, index, cursor, cache, filters, next_queue_id, listeners, progress })
+        Ok(Self { log, index, cursor, cache, filters, next_queue_id, listeners, progress, recent })
     }
 
     /// Forgets the in-memory state a failed round may have changed, reloading it from what the
@@ -213,6 +221,9 @@ impl Dispatcher {
             batch: index.batch(),
             touched: HashMap::new(),
             dropped: Vec::new(),
+            created: Vec::new(),
+            dropped_ids: Vec::new(),
+            appended: Vec::new(),
             queues: Vec::new(),
             topics: Vec::new(),
             ids_changed: false,
@@ -245,12 +256,32 @@ impl Dispatcher {
             }
             cursor = self.log.normalize(cursor.add(view.frame.len() as u64));
         }
-        let Round { batch, touched, dropped, mut queues, mut topics, ids_changed, skipped } = round;
+        let Round {
+            batch,
+            touched,
+            dropped,
+            created,
+            dropped_ids,
+            appended,
+            mut queues,
+            mut topics,
+            ids_changed,
+            skipped,
+        } = round;
         let mut batch = batch;
         if ids_changed {
             batch.put_next_queue_id(self.next_queue_id);
         }
         batch.commit(cursor)?;
+        // Committed: readers may now be served these entries from memory, before the new
+        // position is announced.
+        self.recent.extend(appended);
+        for id in dropped_ids {
+            self.recent.remove(id);
+        }
+        if !created.is_empty() || !dropped.is_empty() {
+            self.recent.created_queues(created, &dropped);
+        }
         self.log.repairs.skipped_records.fetch_add(skipped, std::sync::atomic::Ordering::Relaxed);
         for key in dropped {
             self.cache.pop(&key);
@@ -332,6 +363,7 @@ impl Dispatcher {
                         None => {
                             let id = self.allocate(round);
                             round.batch.put_queue(&key, &QueueMeta { id, since: pos });
+                            round.created.push((key.clone(), id));
                             QueueState { id, next: Offset(0), max_ts: NO_TIME }
                         }
                     },
@@ -339,12 +371,14 @@ impl Dispatcher {
                 round.touched.entry(key).or_insert(s)
             }
         };
-        if key_is_partition {
+        let written = if key_is_partition {
             state.max_ts = state.max_ts.max(entry.timestamp);
-            round.batch.put_entry(state.id, state.next, &IndexEntry { timestamp: state.max_ts, ..*entry });
+            IndexEntry { timestamp: state.max_ts, ..*entry }
         } else {
-            round.batch.put_entry(state.id, state.next, entry);
-        }
+            *entry
+        };
+        round.batch.put_entry(state.id, state.next, &written);
+        round.appended.push((state.id, state.next, written));
         state.next = state.next.next();
         if !self.listeners.is_empty() {
             round.queues.push(state.id);
@@ -382,11 +416,13 @@ impl Dispatcher {
             (OP_REGISTER_FILTER, None) => {
                 let id = self.allocate(round);
                 round.batch.put_queue(&key, &QueueMeta { id, since: pos });
+                round.created.push((key.clone(), id));
                 self.filters.insert(&filter, FilterQueue { id, since: pos });
                 round.touched.insert(key, QueueState { id, next: Offset(0), max_ts: NO_TIME });
             }
             (OP_DROP_FILTER, Some(id)) => {
                 round.batch.delete_queue(&key, id);
+                round.dropped_ids.push(id);
                 let held = self.filters.get(&filter).iter().find(|q| q.id == id).copied();
                 if let Some(q) = held {
                     self.filters.remove(&filter, &q);
@@ -414,6 +450,7 @@ impl Dispatcher {
         };
         if let Some(id) = existing {
             round.batch.delete_queue(key, id);
+            round.dropped_ids.push(id);
             round.touched.remove(key);
             round.dropped.push(key.to_vec());
         }

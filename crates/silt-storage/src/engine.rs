@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::format::{self, Record};
 use crate::index::{Index, IndexEntry, QueueName};
 use crate::log::{Appended, ColdReader, LogShared, PendingAppend, SealedSegment, WriterMsg};
+use crate::recent::RecentEntries;
 use crate::writer::Writer;
 
 /// Resolves when a submitted batch is durable (see [`Storage::submit`]).
@@ -74,6 +75,8 @@ pub struct Storage {
     log: Arc<LogShared>,
     /// Taken at close so the RocksDB lock is released and the directory can be reopened.
     index: std::sync::RwLock<Option<Arc<Index>>>,
+    /// The newest entries of recently written queues (see the `recent` module).
+    recent: Arc<RecentEntries>,
     writer_tx: Sender<WriterMsg>,
     pending: Arc<Semaphore>,
     progress: watch::Receiver<LogPosition>,
@@ -137,8 +140,16 @@ impl Storage {
         }
         let index = Arc::new(index);
         let (progress_tx, progress) = watch::channel(cursor);
-        let dispatcher =
-            Dispatcher::new(log.clone(), index.clone(), cursor, config.queue_cache_entries, listeners, progress_tx)?;
+        let recent = Arc::new(RecentEntries::default());
+        let dispatcher = Dispatcher::new(
+            log.clone(),
+            index.clone(),
+            cursor,
+            config.queue_cache_entries,
+            listeners,
+            progress_tx,
+            recent.clone(),
+        )?;
         let (writer_tx, writer_rx) = std::sync::mpsc::channel();
         let writer = Writer::new(log.clone(), active, writer_rx);
         let stop = Arc::new(AtomicBool::new(false));
@@ -154,6 +165,7 @@ impl Storage {
         Ok(Storage {
             log,
             index: std::sync::RwLock::new(Some(index)),
+            recent,
             writer_tx,
             pending: Arc::new(Semaphore::new(permits)),
             progress,
@@ -337,6 +349,9 @@ impl Storage {
     /// retention floor are skipped: a reader behind retention continues at the first entry
     /// still held.
     pub fn read_index(&self, id: QueueId, from: Offset, max: usize) -> Result<Vec<(Offset, IndexEntry)>> {
+        if let Some(out) = self.read_index_cached(id, from, max) {
+            return Ok(out);
+        }
         let index = self.index()?;
         let out = index.read(id, from, max)?;
         let floor = self.log.floor();
@@ -350,6 +365,50 @@ impl Storage {
         }
     }
 
+    /// [`Self::read_index`] answered from memory, without RocksDB, or `None` when only the
+    /// index can answer (the reader is behind the newest entries kept, or the queue was not
+    /// written to recently, or `from` lies below the retention floor). Never blocks on I/O:
+    /// for async callers that do the rest off the runtime.
+    pub fn read_index_cached(&self, id: QueueId, from: Offset, max: usize) -> Option<Vec<(Offset, IndexEntry)>> {
+        let out = self.recent.read(id, from, max)?;
+        match out.first() {
+            Some((_, e)) if e.position < self.log.floor() => None,
+            _ => Some(out),
+        }
+    }
+
+    /// The id of a queue created since the engine opened, from memory (no RocksDB read);
+    /// `None` when memory does not name it: it may be older, or missing.
+    pub fn created_queue_id(&self, name: &QueueName) -> Option<QueueId> {
+        self.recent.created_id(&name.encode())
+    }
+
+    /// Moves whenever memory forgets a created queue's name: a queue [`Self::queue_id`] found
+    /// missing is still missing while this has not moved and [`Self::created_queue_id`] does
+    /// not name it.
+    pub fn created_forgotten(&self) -> u64 {
+        self.recent.created_forgotten()
+    }
+
+    /// Moves whenever entries left memory. A reader that read a queue to its end (every entry
+    /// below the dispatched position it saw before reading) finds everything appended since in
+    /// memory as long as this has not moved: while [`Self::holds_recent`] says no, nothing was.
+    pub fn recent_forgotten(&self) -> u64 {
+        self.recent.forgotten()
+    }
+
+    /// Whether memory holds queue `id`'s newest entries (see [`Self::recent_forgotten`]).
+    pub fn holds_recent(&self, id: QueueId) -> bool {
+        self.recent.holds(id)
+    }
+
+    /// [`Self::read_record`] when the tail cache holds the record's bytes, `None` when they
+    /// must be read from a segment file or the object store. Never blocks on I/O.
+    pub fn read_record_cached(&self, entry: &IndexEntry) -> Option<Result<Record>> {
+        let bytes = self.log.read_cached(entry.position, entry.size as usize)?;
+        Some(bytes.and_then(|b| self.record_from(entry, b)))
+    }
+
     /// The record an index entry points at. Payload bytes are shared, not copied.
     /// A withheld record (a `tier = "local"` record restored from the object store) and a
     /// volatile one written before this process started (`tier = "memory"`) are gone:
@@ -358,6 +417,10 @@ impl Storage {
     /// from bytes that failed their CRC.
     pub fn read_record(&self, entry: &IndexEntry) -> Result<Record> {
         let bytes = self.log.read(entry.position, entry.size as usize)?;
+        self.record_from(entry, bytes)
+    }
+
+    fn record_from(&self, entry: &IndexEntry, bytes: Bytes) -> Result<Record> {
         let r = Record::decode(&bytes).map_err(|source| Error::Corrupt { position: entry.position.get(), source })?;
         if r.withheld || (r.volatile && entry.position < self.opened_at) {
             return Err(Error::Withheld(entry.position.get()));

@@ -9,7 +9,8 @@
 //! - `throttle`: one log line per interval for a failure that repeats.
 //! - `index`: consume queues in RocksDB (entries, queue registry, checkpoint).
 //! - `dispatch`: the thread that follows the log and writes index entries, with wildcard
-//!   multi-dispatch into filter queues.
+//!   multi-dispatch into filter queues; `recent`: the newest entries of recently written
+//!   queues in memory, for readers that keep up.
 //! - [`check_index`]: the offline check of the index against the log (`silt fsck`).
 //! - [`Storage`]: the handle the broker uses.
 //! - [`StorageConfig`]: settings, with defaults for a single VM.
@@ -29,6 +30,7 @@ mod error;
 pub mod format;
 mod index;
 mod log;
+mod recent;
 mod repair;
 mod restore;
 mod segment;

@@ -344,6 +344,15 @@ impl LogShared {
         self.read_checked(pos, len, false)
     }
 
+    /// [`Self::read`] from the tail cache only: `None` when the bytes must come from a
+    /// segment file or the object store.
+    pub fn read_cached(&self, pos: LogPosition, len: usize) -> Option<Result<Bytes>> {
+        if pos < self.floor() {
+            return Some(Err(Error::Expired(pos.get())));
+        }
+        self.tail.lock().expect("invariant: lock not poisoned").get(pos, len).map(Ok)
+    }
+
     /// Like [`Self::read`]; with `gaps_ok`, bytes of quarantined ranges are returned as they
     /// are on the disk (gap batches) instead of refused.
     pub fn read_checked(&self, pos: LogPosition, len: usize, gaps_ok: bool) -> Result<Bytes> {

@@ -463,3 +463,64 @@ fn a_dropped_partition_starts_again_at_zero_also_after_an_index_rebuild() {
     assert_eq!((got[0].0, &got[0].1.value[..]), (silt_types::Offset(0), &b"new"[..]));
     assert_eq!(queue(&s, &topic("gone/x")).len(), 6, "the MQTT topic's queue keeps every record");
 }
+
+/// Readers that keep up get the newest entries from memory (no RocksDB read); every answer
+/// given that way is the index's own, across queues dropped and created again. Compared with a
+/// reopened engine, which starts with nothing in memory and reads the index.
+#[test]
+fn entries_served_from_memory_are_the_index_entries() {
+    use silt_types::Offset;
+    let dir = tempfile::tempdir().unwrap();
+    let f = TopicFilter::new("m/+").unwrap();
+    let p0 = QueueName::Partition { stream: "m".into(), partition: Partition(0) };
+    let names = [topic("m/0"), topic("m/1"), topic("m/2"), p0.clone(), filter("m/+")];
+    let mut answers = Vec::new();
+    let mut dropped = Vec::new();
+    {
+        let s = open(dir.path());
+        s.register_filter_blocking(&f).unwrap();
+        for i in 0..300u32 {
+            let drop_queue = |name: &QueueName, dropped: &mut Vec<_>| {
+                let id = s.queue_id(name).unwrap().unwrap();
+                assert!(s.read_index_cached(id, Offset(0), 1).is_some());
+                dropped.push(id);
+            };
+            match i {
+                150 => {
+                    drop_queue(&p0, &mut dropped);
+                    block_on_rt(s.drop_partition(&p0)).unwrap();
+                }
+                200 => {
+                    drop_queue(&filter("m/+"), &mut dropped);
+                    s.drop_filter_blocking(&f).unwrap();
+                }
+                220 => drop(s.register_filter_blocking(&f).unwrap()),
+                _ => {}
+            }
+            for id in &dropped {
+                assert_eq!(s.read_index_cached(*id, Offset(0), 1), None, "a dropped queue's entries are not served");
+            }
+            let a = s.append_blocking(&[record("m", i % 2, &format!("m/{}", i % 3), format!("v{i}"))]).unwrap();
+            s.wait_dispatched_blocking(a.end).unwrap();
+            // Ask from where a reader that keeps up would: at and just below each queue's end.
+            for name in &names {
+                let Some(id) = s.queue_id(name).unwrap() else { continue };
+                let (_, next) = s.queue_bounds(id).unwrap();
+                for from in [next.get().saturating_sub(3), next.get().saturating_sub(1), next.get()] {
+                    if let Some(got) = s.read_index_cached(id, Offset(from), 2) {
+                        answers.push((id, from, got));
+                    }
+                }
+            }
+        }
+        s.close().unwrap();
+    }
+    assert!(answers.iter().any(|(_, _, got)| !got.is_empty()), "entries were served from memory");
+    let s = open(dir.path());
+    assert_eq!(dropped.len(), 2);
+    for (id, from, got) in answers.into_iter().filter(|(id, _, _)| !dropped.contains(id)) {
+        // An answer from memory stops at the end as it was then; the index may hold more now.
+        let now = s.read_index(id, Offset(from), got.len()).unwrap();
+        assert_eq!(got, now, "queue {id:?} from {from}");
+    }
+}

@@ -143,15 +143,10 @@ where
         if room == 0 {
             return;
         }
-        let batch = {
-            let mut s = self.session.lock().await;
-            match s.subs.pull(&self.broker.storage, &self.client_id, now, room) {
-                Ok(b) => {
-                    if !b.is_empty() {
-                        s.dirty = true;
-                    }
-                    b
-                }
+        let storage = &self.broker.storage;
+        let (batch, unread) =
+            match pull(storage, &self.session, |s| (&mut s.subs, &mut s.dirty), &self.client_id, now, room).await {
+                Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(client_id = %self.client_id, error = %e, "delivery read failed");
                     self.core.close(Close::Error(
@@ -160,9 +155,8 @@ where
                     ));
                     return;
                 }
-            }
-        };
-        self.want_pull = batch.len() == room;
+            };
+        self.want_pull = batch.len() == room || unread;
         let mut room = room - batch.len();
         for o in batch {
             let qos = QoS::from_u8(o.qos).unwrap_or_default();
@@ -176,19 +170,14 @@ where
                 break;
             }
             let Some(group) = self.broker.group(&m.key) else { continue };
-            let batch = {
-                let mut g = group.lock().await;
-                match g.subs.pull(&self.broker.storage, "", now, room) {
-                    Ok(b) => {
-                        if !b.is_empty() {
-                            g.dirty = true;
-                        }
-                        b
-                    }
-                    Err(e) => {
-                        tracing::warn!(client_id = %self.client_id, error = %e, "shared delivery read failed");
-                        continue;
-                    }
+            let batch = match pull(&self.broker.storage, &group, |g| (&mut g.subs, &mut g.dirty), "", now, room).await {
+                Ok((b, unread)) => {
+                    self.want_pull |= unread;
+                    b
+                }
+                Err(e) => {
+                    tracing::warn!(client_id = %self.client_id, error = %e, "shared delivery read failed");
+                    continue;
                 }
             };
             if batch.len() == room {
@@ -331,6 +320,44 @@ where
         if !settles.is_empty() {
             let session = self.session.clone();
             tokio::spawn(async move { session.lock().await.subs.settle(&settles) });
+        }
+    }
+}
+
+/// Pulls up to `room` messages from the subscriptions behind `lock` (a session's or a shared
+/// group's), reading what memory does not hold on the blocking pool with the lock released,
+/// so a slow disk or object store stalls this delivery only, never a runtime thread or another
+/// task waiting for the lock. Returns the messages and whether reads were still wanted (pull
+/// again soon).
+async fn pull<T: Send>(
+    storage: &Arc<silt_storage::Storage>,
+    lock: &tokio::sync::Mutex<T>,
+    parts: fn(&mut T) -> (&mut crate::session::Subscriptions, &mut bool),
+    client_id: &str,
+    now: Timestamp,
+    room: usize,
+) -> silt_storage::Result<(Vec<crate::session::Outgoing>, bool)> {
+    // Reads hand over at most this many times per call: a pull then starts from memory again.
+    const READ_ROUNDS: usize = 2;
+    let mut rounds = 0;
+    loop {
+        let pulled = {
+            let mut g = lock.lock().await;
+            let (subs, dirty) = parts(&mut g);
+            let p = subs.pull(storage, client_id, now, room)?;
+            *dirty |= !p.out.is_empty();
+            p
+        };
+        match pulled.reads {
+            Some(reads) if pulled.out.is_empty() && rounds < READ_ROUNDS => {
+                let st = storage.clone();
+                let done = tokio::task::spawn_blocking(move || reads.run(&st))
+                    .await
+                    .map_err(|_| silt_storage::Error::Closed)??; // a panic, or the runtime shutting down
+                parts(&mut *lock.lock().await).0.supply(done);
+                rounds += 1;
+            }
+            reads => return Ok((pulled.out, reads.is_some())),
         }
     }
 }

@@ -57,7 +57,7 @@ fn overlapping_subscriptions_deliver_once_at_the_highest_qos() {
     publish(&s, &msg("a/b", "m1", 2));
     publish(&s, &msg("a/c", "m2", 2));
     publish(&s, &msg("a/b/c", "m3", 1));
-    let out = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    let out = subs.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&out), ["m1", "m2", "m3"]);
     assert_eq!(out.iter().map(|o| o.qos).collect::<Vec<_>>(), [2, 1, 0]);
     assert_eq!(out[0].settles.len(), 3, "one delivery settles all three subscriptions");
@@ -72,17 +72,17 @@ fn cursors_advance_only_when_acknowledged_and_rewind_redelivers_with_dup() {
     for i in 0..3 {
         publish(&s, &msg("t", &format!("m{i}"), 1));
     }
-    let out = subs.pull(&s, "me", Timestamp::now(), 2).unwrap();
+    let out = subs.pull_blocking(&s, "me", Timestamp::now(), 2).unwrap();
     assert_eq!(payloads(&out), ["m0", "m1"]);
     subs.settle(&out[1].settles);
     assert_eq!(subs.subs["t"].state.cursor, 0, "m0 still unacknowledged");
     subs.settle(&out[0].settles);
     assert_eq!(subs.subs["t"].state.cursor, 2);
-    let out = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    let out = subs.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&out), ["m2"]);
     assert!(!out[0].dup);
     subs.rewind();
-    let again = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    let again = subs.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&again), ["m2"]);
     assert!(again[0].dup, "a resend after rewind carries DUP");
 }
@@ -103,7 +103,7 @@ fn no_local_and_expired_messages_are_skipped_and_settled() {
     let mut theirs = msg("t", "theirs", 1);
     theirs.publisher = Some("other".into());
     publish(&s, &theirs);
-    let out = subs.pull(&s, "pub", Timestamp::now(), 10).unwrap();
+    let out = subs.pull_blocking(&s, "pub", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&out), ["theirs"]);
     subs.settle(&out[0].settles);
     assert_eq!(subs.subs["t"].state.cursor, 3);
@@ -172,10 +172,10 @@ fn released_deliveries_go_out_again_in_order() {
     for i in 0..3 {
         publish(&s, &msg("t", &format!("m{i}"), 1));
     }
-    let out = subs.pull(&s, "me", Timestamp::now(), 2).unwrap();
+    let out = subs.pull_blocking(&s, "me", Timestamp::now(), 2).unwrap();
     subs.release(&out[0].settles);
     subs.release(&out[1].settles);
-    let again = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    let again = subs.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&again), ["m0", "m1", "m2"]);
 }
 
@@ -199,7 +199,7 @@ fn a_restored_delivery_completed_before_the_pull_reaches_it_is_not_sent_again() 
     for (o, _) in &entries {
         subs.settle(&[("r/t".into(), *o)]);
     }
-    let out = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    let out = subs.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&out), ["m2", "m3"]);
     assert_eq!(subs.subs["r/t"].state.cursor, 2, "the cursor moved past the completed ones");
 }
@@ -233,7 +233,7 @@ fn messages_settled_above_the_cursor_are_not_sent_again() {
     for (i, qos) in [2, 2, 0, 2, 2].into_iter().enumerate() {
         publish(&s, &msg("o/t", &format!("m{i}"), qos));
     }
-    let out = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    let out = subs.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&out), ["m0", "m1", "m2", "m3", "m4"]);
     // m2 (QoS 0) settled when sent; m1 and m4 completed; m0 and m3 still in flight.
     subs.settle(&out[1].settles);
@@ -243,7 +243,7 @@ fn messages_settled_above_the_cursor_are_not_sent_again() {
     assert_eq!(snapshot[0].settled, [(1, 3), (4, 5)]);
 
     subs.rewind();
-    let again = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    let again = subs.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&again), ["m0", "m3"], "after a reconnect");
     assert!(again.iter().all(|o| o.dup));
 
@@ -251,7 +251,7 @@ fn messages_settled_above_the_cursor_are_not_sent_again() {
     let mut restored = Subscriptions::default();
     let f = TopicFilter::new("o/t").unwrap();
     restored.subs.insert("o/t".into(), Subscription::new(snapshot[0].clone(), queue_for(&f)));
-    let again = restored.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    let again = restored.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&again), ["m0", "m3"], "after a restart");
     for o in &again {
         restored.settle(&o.settles);
@@ -268,4 +268,87 @@ fn a_snapshot_written_before_sessions_had_owners_still_loads_without_one() {
     let owned = SessionSnapshot { owner: Some(crate::session::SessionOwner { user: None }), ..snap };
     let back: SessionSnapshot = serde_json::from_slice(&serde_json::to_vec(&owned).unwrap()).unwrap();
     assert_eq!(back.owner, Some(crate::session::SessionOwner { user: None }), "anonymous is an owner too");
+}
+
+/// What a pull reads from memory, and what it hands back as reads for the blocking pool.
+fn pull_memory(s: &Storage, subs: &mut Subscriptions, max: usize) -> (Vec<String>, bool) {
+    let p = subs.pull(s, "me", Timestamp::now(), max).unwrap();
+    (payloads(&p.out), p.reads.is_some())
+}
+
+fn run_reads(s: &Storage, subs: &mut Subscriptions) {
+    let p = subs.pull(s, "me", Timestamp::now(), 10).unwrap();
+    assert!(p.out.is_empty());
+    subs.supply(p.reads.expect("reads wanted").run(s).unwrap());
+}
+
+#[test]
+fn a_subscriber_that_keeps_up_is_served_from_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let mut subs = Subscriptions::default();
+    publish(&s, &msg("t", "before", 1)); // the queue exists before the subscription
+    sub(&s, &mut subs, "t", 1);
+    sub(&s, &mut subs, "w/+", 1);
+    sub(&s, &mut subs, "never", 1);
+    // The first pull must look the queues up (the index), once.
+    run_reads(&s, &mut subs);
+    assert_eq!(pull_memory(&s, &mut subs, 10), (vec!["before".to_owned()], false));
+    assert_eq!(pull_memory(&s, &mut subs, 10), (vec![], false), "nothing new, and memory says so");
+    publish(&s, &msg("t", "m1", 1));
+    publish(&s, &msg("w/x", "m2", 1));
+    assert_eq!(pull_memory(&s, &mut subs, 10), (vec!["m1".to_owned(), "m2".to_owned()], false));
+    // A topic nobody published to yet: memory knows the queues created since, so other new
+    // topics cost no lookup, and its own first message is found without one.
+    publish(&s, &msg("other", "x", 1));
+    assert_eq!(pull_memory(&s, &mut subs, 10), (vec![], false));
+    publish(&s, &msg("never", "m3", 1));
+    assert_eq!(pull_memory(&s, &mut subs, 10), (vec!["m3".to_owned()], false));
+}
+
+#[test]
+fn a_subscriber_behind_memory_gets_reads_then_the_messages_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = storage(dir.path());
+        for i in 0..300 {
+            publish(&s, &msg(if i % 2 == 0 { "a/1" } else { "a/2" }, &format!("m{i}"), 1));
+        }
+        s.close().unwrap();
+    }
+    // Reopened: memory holds neither the index entries nor (tail cache off) the records.
+    let config = StorageConfig { tail_cache_bytes: 0, ..StorageConfig::default() };
+    let s = Arc::new(Storage::open(dir.path(), config).unwrap());
+    let mut subs = Subscriptions::default();
+    sub(&s, &mut subs, "a/1", 1);
+    sub(&s, &mut subs, "a/2", 1);
+    let mut got = Vec::new();
+    let mut reads = 0;
+    while got.len() < 300 {
+        let p = subs.pull(&s, "me", Timestamp::now(), 64).unwrap();
+        assert!(p.out.len() <= 64);
+        for o in &p.out {
+            subs.settle(&o.settles);
+        }
+        got.extend(payloads(&p.out));
+        match p.reads {
+            Some(r) => {
+                reads += 1;
+                subs.supply(r.run(&s).unwrap());
+            }
+            None => assert!(got.len() == 300 || !p.out.is_empty(), "a pull with nothing and no reads stalls"),
+        }
+        assert!(reads < 100, "reads make progress");
+    }
+    assert_eq!(got, (0..300).map(|i| format!("m{i}")).collect::<Vec<_>>(), "log order across both queues");
+    // Caught up: memory knows there is nothing more, and what comes next is served from it
+    // (the index entries; the records are read, the tail cache being off).
+    assert_eq!(pull_memory(&s, &mut subs, 10), (vec![], false));
+    publish(&s, &msg("a/2", "new", 1));
+    let p = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+    assert!(p.out.is_empty());
+    let r = p.reads.expect("the record is read");
+    assert!(r.queues.is_empty(), "the entry came from memory");
+    subs.supply(r.run(&s).unwrap());
+    assert_eq!(pull_memory(&s, &mut subs, 10), (vec!["new".to_owned()], false));
 }

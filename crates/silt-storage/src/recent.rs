@@ -1,0 +1,272 @@
+//! The newest entries of the queues dispatch wrote to recently, in memory, so readers that keep
+//! up (live subscribers, tailing Kafka consumers) read their next entries without touching
+//! RocksDB, as the tail cache spares them the segment files.
+//!
+//! Per queue a run of consecutive offsets `[first, next)` that ends at the queue's end as
+//! committed: the dispatcher adds a round's entries after the round's RocksDB write and before
+//! it announces the new dispatched position, drops a queue's run when the queue is dropped,
+//! and never changes an entry. An offset inside a run is therefore answered exactly as the
+//! index would answer it; an offset below a run, or a queue with no run, is the index's.
+//!
+//! Bounded: at most [`MAX_ENTRIES`] entries in all and [`RUN_ENTRIES`] per queue (the oldest go
+//! first), and at most [`MAX_QUEUES`] queues (the one appended to least recently goes first):
+//! about 4 MiB at the most. Hand-written: a map of ring buffers under one short lock, nothing
+//! a caching crate would add.
+
+use std::collections::VecDeque;
+use std::num::NonZeroUsize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use lru::LruCache;
+use silt_types::{Offset, QueueId};
+
+use crate::index::IndexEntry;
+
+/// Entries kept in all.
+pub(crate) const MAX_ENTRIES: usize = 65_536;
+/// Entries kept per queue.
+pub(crate) const RUN_ENTRIES: usize = 4_096;
+/// Queues with a run.
+pub(crate) const MAX_QUEUES: usize = 16_384;
+
+#[derive(Debug)]
+struct Run {
+    /// Offset of `entries[0]`.
+    first: Offset,
+    entries: VecDeque<IndexEntry>,
+}
+
+impl Run {
+    fn next(&self) -> Offset {
+        Offset(self.first.get() + self.entries.len() as u64)
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    runs: LruCache<QueueId, Run>,
+    entries: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct RecentEntries {
+    inner: Mutex<Inner>,
+    /// Queues created since the engine opened, by encoded name (at most [`MAX_QUEUES`]).
+    created: Mutex<LruCache<Vec<u8>, QueueId>>,
+    /// Counts the times a name left `created` (evicted, or its queue dropped): a reader that
+    /// found a queue missing knows it still is, while this has not moved and `created` does
+    /// not name it.
+    created_forgotten: AtomicU64,
+    /// Counts the times entries left memory (a run trimmed, dropped or started over): a reader
+    /// that read a queue to its end need not read the index again while this has not moved,
+    /// since every entry appended since is in the queue's run.
+    forgotten: AtomicU64,
+}
+
+impl Default for RecentEntries {
+    fn default() -> Self {
+        let queues = NonZeroUsize::new(MAX_QUEUES).expect("invariant: a positive constant");
+        Self {
+            inner: Mutex::new(Inner { runs: LruCache::new(queues), entries: 0 }),
+            created: Mutex::new(LruCache::new(queues)),
+            created_forgotten: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RecentEntries {
+    /// Adds the entries one committed round appended, `(queue, offset, entry)` in the order the
+    /// round wrote them (per queue, consecutive offsets).
+    pub fn extend(&self, appended: impl IntoIterator<Item = (QueueId, Offset, IndexEntry)>) {
+        let mut g = self.inner.lock().expect("invariant: lock not poisoned");
+        let inner = &mut *g;
+        let mut forgot = false;
+        for (id, off, e) in appended {
+            let continues = inner.runs.get(&id).is_some_and(|r| r.next() == off);
+            if !continues {
+                // A queue new to this cache (or one whose run no longer meets the index's end,
+                // which the invariant rules out; start over rather than serve a hole).
+                let fresh = Run { first: off, entries: VecDeque::new() };
+                if let Some((_, old)) = inner.runs.push(id, fresh) {
+                    inner.entries -= old.entries.len();
+                    forgot = true;
+                }
+            }
+            let run = inner.runs.get_mut(&id).expect("invariant: just put");
+            run.entries.push_back(e);
+            inner.entries += 1;
+            if run.entries.len() > RUN_ENTRIES {
+                run.entries.pop_front();
+                run.first = run.first.next();
+                inner.entries -= 1;
+                forgot = true;
+            }
+            while inner.entries > MAX_ENTRIES {
+                forgot = true;
+                // The least recently appended queue gives its oldest entries (never the one
+                // appended to now: the total bounds the others before it).
+                let Some((_, lru)) = inner.runs.peek_lru() else { break };
+                if lru.entries.len() <= inner.entries - MAX_ENTRIES {
+                    let (_, old) = inner.runs.pop_lru().expect("invariant: peeked");
+                    inner.entries -= old.entries.len();
+                } else {
+                    let excess = inner.entries - MAX_ENTRIES;
+                    let id = *inner.runs.peek_lru().expect("invariant: peeked").0;
+                    let r = inner.runs.peek_mut(&id).expect("invariant: peeked");
+                    r.entries.drain(..excess);
+                    r.first = Offset(r.first.get() + excess as u64);
+                    inner.entries -= excess;
+                }
+            }
+        }
+        drop(g);
+        if forgot {
+            self.forgotten.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Forgets a dropped queue.
+    pub fn remove(&self, id: QueueId) {
+        let mut g = self.inner.lock().expect("invariant: lock not poisoned");
+        if let Some(old) = g.runs.pop(&id) {
+            g.entries -= old.entries.len();
+            drop(g);
+            self.forgotten.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Tells readers that a committed round created queues, and dropped some.
+    pub fn created_queues(&self, created: Vec<(Vec<u8>, QueueId)>, dropped: &[Vec<u8>]) {
+        let mut forgot = false;
+        {
+            let mut g = self.created.lock().expect("invariant: lock not poisoned");
+            for (key, id) in created {
+                forgot |= g.push(key, id).is_some_and(|(k, _)| !g.contains(&k));
+            }
+            for key in dropped {
+                forgot |= g.pop(key).is_some();
+            }
+        }
+        if forgot {
+            self.created_forgotten.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// The id of a queue created since the engine opened, if memory still names it.
+    pub fn created_id(&self, key: &[u8]) -> Option<QueueId> {
+        self.created.lock().expect("invariant: lock not poisoned").peek(key).copied()
+    }
+
+    pub fn created_forgotten(&self) -> u64 {
+        self.created_forgotten.load(Ordering::Acquire)
+    }
+
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten.load(Ordering::Acquire)
+    }
+
+    /// Up to `max` entries of queue `id` from `from`, when the run holds `from` (or `from` is
+    /// the queue's end: nothing yet); `None` when only the index can answer.
+    pub fn read(&self, id: QueueId, from: Offset, max: usize) -> Option<Vec<(Offset, IndexEntry)>> {
+        let g = self.inner.lock().expect("invariant: lock not poisoned");
+        let run = g.runs.peek(&id)?;
+        if from < run.first || from > run.next() {
+            return None;
+        }
+        let skip = (from.get() - run.first.get()) as usize;
+        Some(
+            run.entries
+                .iter()
+                .skip(skip)
+                .take(max)
+                .enumerate()
+                .map(|(i, e)| (Offset(from.get() + i as u64), *e))
+                .collect(),
+        )
+    }
+
+    /// Whether queue `id` has a run.
+    pub fn holds(&self, id: QueueId) -> bool {
+        self.inner.lock().expect("invariant: lock not poisoned").runs.contains(&id)
+    }
+
+    #[cfg(test)]
+    fn entries(&self) -> usize {
+        self.inner.lock().unwrap().entries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use silt_types::{LogPosition, Timestamp};
+
+    use super::*;
+
+    fn e(p: u64) -> IndexEntry {
+        IndexEntry { position: LogPosition(p), size: 1, timestamp: Timestamp(0) }
+    }
+
+    #[test]
+    fn a_run_answers_offsets_from_its_first_to_its_end() {
+        let r = RecentEntries::default();
+        let q = QueueId(7);
+        r.extend((5..10).map(|o| (q, Offset(o), e(o * 10))));
+        assert_eq!(r.read(q, Offset(4), 10), None, "below the run: the index's");
+        assert_eq!(r.read(q, Offset(5), 2).unwrap(), vec![(Offset(5), e(50)), (Offset(6), e(60))]);
+        assert_eq!(r.read(q, Offset(8), 10).unwrap(), vec![(Offset(8), e(80)), (Offset(9), e(90))]);
+        assert_eq!(r.read(q, Offset(10), 10).unwrap(), vec![], "at the end: nothing yet");
+        assert_eq!(r.read(q, Offset(11), 10), None);
+        assert_eq!(r.read(QueueId(8), Offset(0), 10), None, "a queue with no run");
+        r.extend([(q, Offset(10), e(100))]);
+        assert_eq!(r.read(q, Offset(10), 10).unwrap(), vec![(Offset(10), e(100))]);
+    }
+
+    #[test]
+    fn a_run_that_does_not_continue_starts_over_and_a_dropped_queue_is_forgotten() {
+        let r = RecentEntries::default();
+        let q = QueueId(1);
+        r.extend((0..3).map(|o| (q, Offset(o), e(o))));
+        r.extend([(q, Offset(0), e(99))]);
+        assert_eq!(r.read(q, Offset(0), 10).unwrap(), vec![(Offset(0), e(99))]);
+        assert_eq!(r.read(q, Offset(1), 10).unwrap(), vec![]);
+        assert_eq!(r.entries(), 1);
+        assert_eq!(r.forgotten(), 1, "starting over forgets");
+        r.remove(q);
+        assert_eq!(r.forgotten(), 2);
+        assert_eq!(r.read(q, Offset(0), 10), None);
+        assert_eq!(r.entries(), 0);
+    }
+
+    #[test]
+    fn bounded_per_queue_and_in_all() {
+        let r = RecentEntries::default();
+        let hot = QueueId(0);
+        r.extend((0..RUN_ENTRIES as u64).map(|o| (hot, Offset(o), e(o))));
+        assert_eq!(r.forgotten(), 0, "appending forgets nothing below the bounds");
+        r.extend((RUN_ENTRIES as u64..RUN_ENTRIES as u64 + 10).map(|o| (hot, Offset(o), e(o))));
+        assert_eq!(r.forgotten(), 1);
+        assert_eq!(r.entries(), RUN_ENTRIES);
+        assert_eq!(r.read(hot, Offset(9), 1), None, "the oldest went");
+        assert_eq!(r.read(hot, Offset(10), 1).unwrap(), vec![(Offset(10), e(10))]);
+        // Many queues: the total stays bounded, the newest queues keep their entries, and
+        // every answer given is still exact.
+        for q in 1..40u64 {
+            r.extend((0..RUN_ENTRIES as u64).map(|o| (QueueId(q), Offset(o), e(q * 1_000_000 + o))));
+            assert!(r.entries() <= MAX_ENTRIES);
+        }
+        assert_eq!(r.read(QueueId(39), Offset(0), 1).unwrap(), vec![(Offset(0), e(39_000_000))]);
+        assert_eq!(r.read(hot, Offset(10), 1), None, "the least recently appended went");
+        for q in 1..40u64 {
+            if let Some(got) = r.read(QueueId(q), Offset(RUN_ENTRIES as u64 - 1), 5) {
+                assert_eq!(got, vec![(Offset(RUN_ENTRIES as u64 - 1), e(q * 1_000_000 + RUN_ENTRIES as u64 - 1))]);
+            }
+        }
+        for q in 100..100 + MAX_QUEUES as u64 + 5 {
+            r.extend([(QueueId(q), Offset(0), e(q))]);
+        }
+        assert_eq!(r.read(QueueId(100), Offset(0), 1), None, "queues beyond the bound went");
+        assert!(r.read(QueueId(100 + MAX_QUEUES as u64 + 4), Offset(0), 1).is_some());
+    }
+}
