@@ -141,8 +141,9 @@ def dir_bytes(path, skip=()):
 
 def test_stalled_store_holds_back_cold_drains_not_live_traffic(tiering, proxy):
     """Three offline sessions drain an evicted backlog while the store stalls: a live publisher
-    and subscriber on the same node exchange 200 QoS 1 messages meanwhile, and after the store
-    answers again every backlog message reaches every session."""
+    and subscriber on the same node exchange 200 QoS 1 messages meanwhile, one session's client
+    reconnects, and after the store answers again every backlog message reaches every session
+    (the reconnected one on its new connection)."""
     t = tiering
     size = 16 * 1024
     config = t.config(storage={"segment_bytes": MiB, "segment_max_age_ms": 1000, "tail_cache_bytes": MiB},
@@ -216,6 +217,14 @@ def test_stalled_store_holds_back_cold_drains_not_live_traffic(tiering, proxy):
     print(f"live pair done {live_done:.1f}s after the pause; backlog received while "
           f"paused {during} of {len(backlog)}; proxy held {proxy.held_chunks} response chunks, "
           f"{proxy.requests_while_paused} request chunks passed")
+
+    # drain-0 reconnects (takes its own session over) while its old connection still waits on
+    # the store: the new connection gets the whole backlog, without another reconnect. (The
+    # old one's read, finishing after the takeover, must not hand it messages.)
+    assert during["drain-0"] == 0, "delivery is in log order and the oldest is in the bucket"
+    drains["drain-0"] = Receiver(ledger)
+    again = t.client(node, "drain-0", clean_start=False, session_expiry=SESSION_FOREVER, on_message=drains["drain-0"])
+    assert again.session_present
 
     proxy.resume()
     resumed_at = time.monotonic()

@@ -337,6 +337,7 @@ impl Broker {
                     g.expiry_secs = expiry_secs;
                     g.disconnected_at = None;
                     g.subs.rewind();
+                    g.conn = Some(conn);
                 }
                 (s, true)
             }
@@ -347,7 +348,11 @@ impl Broker {
             None => (self.new_session(client_id, expiry_secs), false),
         };
         // A new session is this user's; one taken over (an ACL `takeover`) stays its creator's.
-        session.lock().await.owner.get_or_insert(owner);
+        {
+            let mut g = session.lock().await;
+            g.owner.get_or_insert(owner);
+            g.conn = Some(conn);
+        }
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         Ok(Connected { session, session_present: present, conn, kicked, by_operator })

@@ -562,8 +562,9 @@ impl Subscriptions {
         out
     }
 
-    /// Takes in what [`Reads::run`] read. A subscription that moved meanwhile (rewound, given
-    /// entries back, or gone) ignores its part; the next pull asks again.
+    /// Takes in what [`Reads::run`] read. A subscription that moved meanwhile (given entries
+    /// back, or gone) ignores its part and the next pull asks again; one rewound to where the
+    /// read began takes it (entries and records never change).
     pub fn supply(&mut self, done: ReadsDone) {
         for q in done.queues {
             let Some(s) = self.subs.get_mut(&q.filter) else { continue };
@@ -670,6 +671,10 @@ impl Subscriptions {
 #[derive(Debug)]
 pub struct Session {
     pub client_id: String,
+    /// The connection attached to the session (set under this lock together with the rewind
+    /// of a takeover): a connection taken over may still be finishing a delivery, and must
+    /// not pull for the session any more.
+    pub conn: Option<crate::router::ConnId>,
     /// Session expiry interval in seconds; 0 means the session ends with the connection.
     pub expiry_secs: u32,
     pub subs: Subscriptions,
@@ -715,6 +720,7 @@ impl Session {
     pub(crate) fn new(client_id: &str, expiry_secs: u32) -> Self {
         Self {
             client_id: client_id.to_owned(),
+            conn: None,
             expiry_secs,
             subs: Subscriptions::default(),
             inbound_qos2: BTreeSet::new(),

@@ -26,6 +26,17 @@ where
             }
             list
         };
+        // The records to resend, read off the runtime (as many as the window holds: the core
+        // keeps each in memory until acknowledged anyway).
+        let wanted: Vec<silt_storage::IndexEntry> =
+            restored.iter().filter(|o| !(o.qos == 2 && o.released)).map(OutboundQos2::entry).collect();
+        let storage = self.broker.storage.clone();
+        let records: std::collections::HashMap<silt_types::LogPosition, silt_storage::Record> =
+            tokio::task::spawn_blocking(move || {
+                wanted.iter().filter_map(|e| Some((e.position, storage.read_record(e).ok()?))).collect()
+            })
+            .await
+            .unwrap_or_default();
         for o in restored {
             let Some(id) = PacketId::new(o.packet_id) else { continue };
             // A shared group's delivery is completed with this member; the group holds its
@@ -49,7 +60,7 @@ where
                 self.core.resend_release(id, data);
                 continue;
             }
-            let Ok(record) = self.broker.storage.read_record(&o.entry()) else {
+            let Some(record) = records.get(&o.entry().position).cloned() else {
                 tracing::warn!(client_id = %self.client_id, packet_id = o.packet_id, "in-flight message unreadable");
                 self.session.lock().await.outbound_qos2.remove(&o.packet_id);
                 match data.group {
@@ -145,7 +156,7 @@ where
         }
         let storage = &self.broker.storage;
         let (batch, unread) =
-            match pull(storage, &self.session, |s| (&mut s.subs, &mut s.dirty), &self.client_id, now, room).await {
+            match pull(storage, &self.session, session_parts, Some(self.conn_id), &self.client_id, now, room).await {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(client_id = %self.client_id, error = %e, "delivery read failed");
@@ -170,7 +181,7 @@ where
                 break;
             }
             let Some(group) = self.broker.group(&m.key) else { continue };
-            let batch = match pull(&self.broker.storage, &group, |g| (&mut g.subs, &mut g.dirty), "", now, room).await {
+            let batch = match pull(&self.broker.storage, &group, group_parts, None, "", now, room).await {
                 Ok((b, unread)) => {
                     self.want_pull |= unread;
                     b
@@ -324,15 +335,29 @@ where
     }
 }
 
+/// A session's subscriptions, cursors-moved flag and attached connection.
+fn session_parts(s: &mut crate::session::Session) -> Parts<'_> {
+    (&mut s.subs, &mut s.dirty, s.conn)
+}
+
+/// A shared group's (attached to no connection).
+fn group_parts(g: &mut crate::session::SharedGroup) -> Parts<'_> {
+    (&mut g.subs, &mut g.dirty, None)
+}
+
+type Parts<'a> = (&'a mut crate::session::Subscriptions, &'a mut bool, Option<ConnId>);
+
 /// Pulls up to `room` messages from the subscriptions behind `lock` (a session's or a shared
 /// group's), reading what memory does not hold on the blocking pool with the lock released,
 /// so a slow disk or object store stalls this delivery only, never a runtime thread or another
-/// task waiting for the lock. Returns the messages and whether reads were still wanted (pull
+/// task waiting for the lock. A connection `me` that is no longer the one attached (taken over
+/// while it read) gets nothing. Returns the messages and whether reads were still wanted (pull
 /// again soon).
 async fn pull<T: Send>(
     storage: &Arc<silt_storage::Storage>,
     lock: &tokio::sync::Mutex<T>,
-    parts: fn(&mut T) -> (&mut crate::session::Subscriptions, &mut bool),
+    parts: fn(&mut T) -> Parts<'_>,
+    me: Option<ConnId>,
     client_id: &str,
     now: Timestamp,
     room: usize,
@@ -343,7 +368,10 @@ async fn pull<T: Send>(
     loop {
         let pulled = {
             let mut g = lock.lock().await;
-            let (subs, dirty) = parts(&mut g);
+            let (subs, dirty, attached) = parts(&mut g);
+            if me.is_some() && attached != me {
+                return Ok((Vec::new(), false));
+            }
             let p = subs.pull(storage, client_id, now, room)?;
             *dirty |= !p.out.is_empty();
             p
