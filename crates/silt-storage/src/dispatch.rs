@@ -105,9 +105,9 @@ struct Round<'a> {
     batch: IndexBatch<'a>,
     touched: HashMap<Vec<u8>, QueueState>,
     dropped: Vec<Vec<u8>>,
-    /// Queues created and dropped, and the entries appended, in order (for the recent-entries
-    /// cache).
-    created: Vec<(Vec<u8>, QueueId)>,
+    /// Queues created (`Some`) and dropped (`None`), queues dropped, and the entries appended,
+    /// in order (for the recent-entries cache).
+    names: Vec<(Vec<u8>, Option<QueueId>)>,
     dropped_ids: Vec<QueueId>,
     appended: Vec<(QueueId, Offset, IndexEntry)>,
     queues: Vec<QueueId>,
@@ -221,7 +221,7 @@ impl Dispatcher {
             batch: index.batch(),
             touched: HashMap::new(),
             dropped: Vec::new(),
-            created: Vec::new(),
+            names: Vec::new(),
             dropped_ids: Vec::new(),
             appended: Vec::new(),
             queues: Vec::new(),
@@ -260,7 +260,7 @@ impl Dispatcher {
             batch,
             touched,
             dropped,
-            created,
+            names,
             dropped_ids,
             appended,
             mut queues,
@@ -275,12 +275,13 @@ impl Dispatcher {
         batch.commit(cursor)?;
         // Committed: readers may now be served these entries from memory, before the new
         // position is announced.
+        self.recent.start_runs(names.iter().filter_map(|(_, id)| *id));
         self.recent.extend(appended);
         for id in dropped_ids {
             self.recent.remove(id);
         }
-        if !created.is_empty() || !dropped.is_empty() {
-            self.recent.created_queues(created, &dropped);
+        if !names.is_empty() {
+            self.recent.name_queues(names);
         }
         self.log.repairs.skipped_records.fetch_add(skipped, std::sync::atomic::Ordering::Relaxed);
         for key in dropped {
@@ -363,7 +364,7 @@ impl Dispatcher {
                         None => {
                             let id = self.allocate(round);
                             round.batch.put_queue(&key, &QueueMeta { id, since: pos });
-                            round.created.push((key.clone(), id));
+                            round.names.push((key.clone(), Some(id)));
                             QueueState { id, next: Offset(0), max_ts: NO_TIME }
                         }
                     },
@@ -416,13 +417,14 @@ impl Dispatcher {
             (OP_REGISTER_FILTER, None) => {
                 let id = self.allocate(round);
                 round.batch.put_queue(&key, &QueueMeta { id, since: pos });
-                round.created.push((key.clone(), id));
+                round.names.push((key.clone(), Some(id)));
                 self.filters.insert(&filter, FilterQueue { id, since: pos });
                 round.touched.insert(key, QueueState { id, next: Offset(0), max_ts: NO_TIME });
             }
             (OP_DROP_FILTER, Some(id)) => {
                 round.batch.delete_queue(&key, id);
                 round.dropped_ids.push(id);
+                round.names.push((key.clone(), None));
                 let held = self.filters.get(&filter).iter().find(|q| q.id == id).copied();
                 if let Some(q) = held {
                     self.filters.remove(&filter, &q);
@@ -451,6 +453,7 @@ impl Dispatcher {
         if let Some(id) = existing {
             round.batch.delete_queue(key, id);
             round.dropped_ids.push(id);
+            round.names.push((key.to_vec(), None));
             round.touched.remove(key);
             round.dropped.push(key.to_vec());
         }

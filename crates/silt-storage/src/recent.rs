@@ -140,16 +140,36 @@ impl RecentEntries {
         }
     }
 
-    /// Tells readers that a committed round created queues, and dropped some.
-    pub fn created_queues(&self, created: Vec<(Vec<u8>, QueueId)>, dropped: &[Vec<u8>]) {
+    /// Gives queues a committed round created an empty run (before the round's entries are
+    /// added): a new queue is empty up to offset 0, and its readers need not ask the index.
+    pub fn start_runs(&self, created: impl IntoIterator<Item = QueueId>) {
+        let mut g = self.inner.lock().expect("invariant: lock not poisoned");
+        let mut forgot = false;
+        for id in created {
+            if !g.runs.contains(&id)
+                && let Some((_, old)) = g.runs.push(id, Run { first: Offset(0), entries: VecDeque::new() })
+            {
+                g.entries -= old.entries.len();
+                forgot = true;
+            }
+        }
+        drop(g);
+        if forgot {
+            self.forgotten.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Tells readers the queues a committed round created (`Some(id)`) and dropped (`None`),
+    /// in log order.
+    pub fn name_queues(&self, names: Vec<(Vec<u8>, Option<QueueId>)>) {
         let mut forgot = false;
         {
             let mut g = self.created.lock().expect("invariant: lock not poisoned");
-            for (key, id) in created {
-                forgot |= g.push(key, id).is_some_and(|(k, _)| !g.contains(&k));
-            }
-            for key in dropped {
-                forgot |= g.pop(key).is_some();
+            for (key, id) in names {
+                match id {
+                    Some(id) => forgot |= g.push(key, id).is_some_and(|(k, _)| !g.contains(&k)),
+                    None => forgot |= g.pop(&key).is_some(),
+                }
             }
         }
         if forgot {

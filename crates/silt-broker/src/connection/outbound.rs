@@ -31,12 +31,15 @@ where
         let wanted: Vec<silt_storage::IndexEntry> =
             restored.iter().filter(|o| !(o.qos == 2 && o.released)).map(OutboundQos2::entry).collect();
         let storage = self.broker.storage.clone();
-        let records: std::collections::HashMap<silt_types::LogPosition, silt_storage::Record> =
+        let records: std::collections::HashMap<silt_types::LogPosition, silt_storage::Record> = if wanted.is_empty() {
+            Default::default() // the usual connect: no hand-off to the blocking pool
+        } else {
             tokio::task::spawn_blocking(move || {
                 wanted.iter().filter_map(|e| Some((e.position, storage.read_record(e).ok()?))).collect()
             })
             .await
-            .unwrap_or_default();
+            .unwrap_or_default()
+        };
         for o in restored {
             let Some(id) = PacketId::new(o.packet_id) else { continue };
             // A shared group's delivery is completed with this member; the group holds its
