@@ -403,6 +403,8 @@ struct QueueDone {
     from: Offset,
     id: Option<QueueId>,
     entries: Vec<(Offset, IndexEntry)>,
+    /// The queue's next offset before the read.
+    end: Offset,
 }
 
 impl Reads {
@@ -423,11 +425,16 @@ impl Reads {
                 Some(id) => Some(id),
                 None => storage.queue_id(&q.name)?,
             };
-            let entries = match id {
-                Some(id) => storage.read_index(id, q.from, FETCH)?,
-                None => Vec::new(),
+            let (entries, end) = match id {
+                Some(id) => {
+                    // The end first: if nothing at or after `from` is held, everything up to
+                    // it is gone (retention) and the reader moves past it.
+                    let end = storage.queue_bounds(id)?.1;
+                    (storage.read_index(id, q.from, FETCH)?, end)
+                }
+                None => (Vec::new(), q.from),
             };
-            queues.push(QueueDone { filter: q.filter, from: q.from, id, entries });
+            queues.push(QueueDone { filter: q.filter, from: q.from, id, entries, end });
         }
         let records = self.records.iter().map(|e| (e.position, storage.read_record(e))).collect();
         Ok(ReadsDone { limit, created_forgotten, forgotten, queues, records })
@@ -577,6 +584,12 @@ impl Subscriptions {
             };
             s.queue_id = Some(id);
             let full = q.entries.len() == FETCH;
+            if q.entries.is_empty() && q.end > s.read {
+                // Every entry up to the end is below the retention floor: gone, skipped like
+                // an expired message.
+                s.read = q.end;
+                s.recompute_cursor();
+            }
             if s.take(q.entries, done.limit) && !full {
                 s.quiet = Some((s.read, done.forgotten));
             }
@@ -595,7 +608,11 @@ impl Subscriptions {
         max: usize,
     ) -> silt_storage::Result<Vec<Outgoing>> {
         let mut out = Vec::new();
-        while out.len() < max {
+        // Bounded, should a read ever bring nothing new.
+        for _ in 0..max.saturating_add(64) {
+            if out.len() == max {
+                break;
+            }
             let p = self.pull(storage, client_id, now, max - out.len())?;
             out.extend(p.out);
             match p.reads {

@@ -370,11 +370,7 @@ impl Storage {
     /// written to recently, or `from` lies below the retention floor). Never blocks on I/O:
     /// for async callers that do the rest off the runtime.
     pub fn read_index_cached(&self, id: QueueId, from: Offset, max: usize) -> Option<Vec<(Offset, IndexEntry)>> {
-        let out = self.recent.read(id, from, max)?;
-        match out.first() {
-            Some((_, e)) if e.position < self.log.floor() => None,
-            _ => Some(out),
-        }
+        self.recent.read(id, from, max, self.log.floor())
     }
 
     /// The id of a queue created since the engine opened, from memory (no RocksDB read);

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lru::LruCache;
-use silt_types::{Offset, QueueId};
+use silt_types::{LogPosition, Offset, QueueId};
 
 use crate::index::IndexEntry;
 
@@ -192,20 +192,23 @@ impl RecentEntries {
 
     /// Up to `max` entries of queue `id` from `from`, when the run holds `from` (or `from` is
     /// the queue's end: nothing yet); `None` when only the index can answer.
-    pub fn read(&self, id: QueueId, from: Offset, max: usize) -> Option<Vec<(Offset, IndexEntry)>> {
+    pub fn read(&self, id: QueueId, from: Offset, max: usize, floor: LogPosition) -> Option<Vec<(Offset, IndexEntry)>> {
         let g = self.inner.lock().expect("invariant: lock not poisoned");
         let run = g.runs.peek(&id)?;
         if from < run.first || from > run.next() {
             return None;
         }
+        // Entries below the retention floor are skipped, as the index's reader does: a queue's
+        // positions grow with its offsets, so they are a prefix.
         let skip = (from.get() - run.first.get()) as usize;
         Some(
             run.entries
                 .iter()
-                .skip(skip)
-                .take(max)
                 .enumerate()
-                .map(|(i, e)| (Offset(from.get() + i as u64), *e))
+                .skip(skip)
+                .skip_while(|(_, e)| e.position < floor)
+                .take(max)
+                .map(|(i, e)| (Offset(run.first.get() + i as u64), *e))
                 .collect(),
         )
     }
@@ -216,6 +219,11 @@ impl RecentEntries {
     }
 
     #[cfg(test)]
+    fn read_all(&self, id: QueueId, from: Offset, max: usize) -> Option<Vec<(Offset, IndexEntry)>> {
+        self.read(id, from, max, LogPosition(0))
+    }
+
+    #[cfg(test)]
     fn entries(&self) -> usize {
         self.inner.lock().unwrap().entries
     }
@@ -223,7 +231,7 @@ impl RecentEntries {
 
 #[cfg(test)]
 mod tests {
-    use silt_types::{LogPosition, Timestamp};
+    use silt_types::Timestamp;
 
     use super::*;
 
@@ -236,14 +244,17 @@ mod tests {
         let r = RecentEntries::default();
         let q = QueueId(7);
         r.extend((5..10).map(|o| (q, Offset(o), e(o * 10))));
-        assert_eq!(r.read(q, Offset(4), 10), None, "below the run: the index's");
-        assert_eq!(r.read(q, Offset(5), 2).unwrap(), vec![(Offset(5), e(50)), (Offset(6), e(60))]);
-        assert_eq!(r.read(q, Offset(8), 10).unwrap(), vec![(Offset(8), e(80)), (Offset(9), e(90))]);
-        assert_eq!(r.read(q, Offset(10), 10).unwrap(), vec![], "at the end: nothing yet");
-        assert_eq!(r.read(q, Offset(11), 10), None);
-        assert_eq!(r.read(QueueId(8), Offset(0), 10), None, "a queue with no run");
+        assert_eq!(r.read_all(q, Offset(4), 10), None, "below the run: the index's");
+        assert_eq!(r.read_all(q, Offset(5), 2).unwrap(), vec![(Offset(5), e(50)), (Offset(6), e(60))]);
+        assert_eq!(r.read_all(q, Offset(8), 10).unwrap(), vec![(Offset(8), e(80)), (Offset(9), e(90))]);
+        assert_eq!(r.read_all(q, Offset(10), 10).unwrap(), vec![], "at the end: nothing yet");
+        assert_eq!(r.read_all(q, Offset(11), 10), None);
+        assert_eq!(r.read_all(QueueId(8), Offset(0), 10), None, "a queue with no run");
         r.extend([(q, Offset(10), e(100))]);
-        assert_eq!(r.read(q, Offset(10), 10).unwrap(), vec![(Offset(10), e(100))]);
+        assert_eq!(r.read_all(q, Offset(10), 10).unwrap(), vec![(Offset(10), e(100))]);
+        // Below the retention floor: skipped, as the index's reader skips them.
+        assert_eq!(r.read(q, Offset(5), 2, LogPosition(75)).unwrap(), vec![(Offset(8), e(80)), (Offset(9), e(90))]);
+        assert_eq!(r.read(q, Offset(5), 10, LogPosition(1000)).unwrap(), vec![], "nothing held: nothing to read");
     }
 
     #[test]
@@ -252,13 +263,13 @@ mod tests {
         let q = QueueId(1);
         r.extend((0..3).map(|o| (q, Offset(o), e(o))));
         r.extend([(q, Offset(0), e(99))]);
-        assert_eq!(r.read(q, Offset(0), 10).unwrap(), vec![(Offset(0), e(99))]);
-        assert_eq!(r.read(q, Offset(1), 10).unwrap(), vec![]);
+        assert_eq!(r.read_all(q, Offset(0), 10).unwrap(), vec![(Offset(0), e(99))]);
+        assert_eq!(r.read_all(q, Offset(1), 10).unwrap(), vec![]);
         assert_eq!(r.entries(), 1);
         assert_eq!(r.forgotten(), 1, "starting over forgets");
         r.remove(q);
         assert_eq!(r.forgotten(), 2);
-        assert_eq!(r.read(q, Offset(0), 10), None);
+        assert_eq!(r.read_all(q, Offset(0), 10), None);
         assert_eq!(r.entries(), 0);
     }
 
@@ -271,25 +282,25 @@ mod tests {
         r.extend((RUN_ENTRIES as u64..RUN_ENTRIES as u64 + 10).map(|o| (hot, Offset(o), e(o))));
         assert_eq!(r.forgotten(), 1);
         assert_eq!(r.entries(), RUN_ENTRIES);
-        assert_eq!(r.read(hot, Offset(9), 1), None, "the oldest went");
-        assert_eq!(r.read(hot, Offset(10), 1).unwrap(), vec![(Offset(10), e(10))]);
+        assert_eq!(r.read_all(hot, Offset(9), 1), None, "the oldest went");
+        assert_eq!(r.read_all(hot, Offset(10), 1).unwrap(), vec![(Offset(10), e(10))]);
         // Many queues: the total stays bounded, the newest queues keep their entries, and
         // every answer given is still exact.
         for q in 1..40u64 {
             r.extend((0..RUN_ENTRIES as u64).map(|o| (QueueId(q), Offset(o), e(q * 1_000_000 + o))));
             assert!(r.entries() <= MAX_ENTRIES);
         }
-        assert_eq!(r.read(QueueId(39), Offset(0), 1).unwrap(), vec![(Offset(0), e(39_000_000))]);
-        assert_eq!(r.read(hot, Offset(10), 1), None, "the least recently appended went");
+        assert_eq!(r.read_all(QueueId(39), Offset(0), 1).unwrap(), vec![(Offset(0), e(39_000_000))]);
+        assert_eq!(r.read_all(hot, Offset(10), 1), None, "the least recently appended went");
         for q in 1..40u64 {
-            if let Some(got) = r.read(QueueId(q), Offset(RUN_ENTRIES as u64 - 1), 5) {
+            if let Some(got) = r.read_all(QueueId(q), Offset(RUN_ENTRIES as u64 - 1), 5) {
                 assert_eq!(got, vec![(Offset(RUN_ENTRIES as u64 - 1), e(q * 1_000_000 + RUN_ENTRIES as u64 - 1))]);
             }
         }
         for q in 100..100 + MAX_QUEUES as u64 + 5 {
             r.extend([(QueueId(q), Offset(0), e(q))]);
         }
-        assert_eq!(r.read(QueueId(100), Offset(0), 1), None, "queues beyond the bound went");
-        assert!(r.read(QueueId(100 + MAX_QUEUES as u64 + 4), Offset(0), 1).is_some());
+        assert_eq!(r.read_all(QueueId(100), Offset(0), 1), None, "queues beyond the bound went");
+        assert!(r.read_all(QueueId(100 + MAX_QUEUES as u64 + 4), Offset(0), 1).is_some());
     }
 }

@@ -350,3 +350,31 @@ fn a_subscriber_behind_memory_gets_reads_then_the_messages_in_order() {
     subs.supply(r.run(&s).unwrap());
     assert_eq!(pull_memory(&s, &mut subs, 10), (vec!["new".to_owned()], false));
 }
+
+#[test]
+fn a_subscription_whose_messages_retention_removed_does_not_hold_back_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let mut subs = Subscriptions::default();
+    sub(&s, &mut subs, "short/#", 1);
+    sub(&s, &mut subs, "long/#", 1);
+    assert!(subs.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap().is_empty());
+    for i in 0..3 {
+        publish(&s, &msg("short/a", &format!("s{i}"), 1));
+    }
+    // Retention: everything written so far is gone.
+    let end = s.stats().log_end;
+    s.truncate_before(end).unwrap();
+    publish(&s, &msg("long/a", "l1", 1));
+    let mut got = Vec::new();
+    for _ in 0..8 {
+        let p = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
+        got.extend(payloads(&p.out));
+        match p.reads {
+            Some(r) => subs.supply(r.run(&s).unwrap()),
+            None => break,
+        }
+    }
+    assert_eq!(got, ["l1"], "the gone messages are skipped and the others delivered");
+    assert_eq!(pull_memory(&s, &mut subs, 10), (vec![], false), "and nothing is read again");
+}
