@@ -7,8 +7,8 @@ import json
 import subprocess
 import time
 
-from test_tiering import MiB, dir_bytes, publish_load, wait_uploaded
-from tiering_harness import SILT_BIN, Ledger, wait_until
+from test_tiering import MiB, publish_load, wait_uploaded
+from tiering_harness import SILT_BIN, Ledger, dir_bytes, wait_until
 
 pytest_plugins = ["tiering_harness"]  # the `tiering` fixture
 

@@ -12,14 +12,13 @@ object-store client's timeouts (connect 5 s, request 120 s: `tiering/src/store.r
 sees a slow store, not a failing one.
 """
 
-import os
 import socket
 import threading
 import time
 
 import pytest
 
-from tiering_harness import SESSION_FOREVER, Ledger, Receiver, SiltNode, is_success, wait_until
+from tiering_harness import SESSION_FOREVER, Ledger, Receiver, SiltNode, dir_bytes, is_success, wait_until
 
 pytest_plugins = ["tiering_harness"]  # the `tiering` fixture
 
@@ -123,20 +122,6 @@ def proxy(tiering):
         yield p
     finally:
         p.close()
-
-
-def dir_bytes(path, skip=()):
-    """Bytes of the files under `path` (folders named in `skip` left out): how much of the log
-    is still on the local disk."""
-    total = 0
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d not in skip]
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
 
 
 def test_stalled_store_holds_back_cold_drains_not_live_traffic(tiering, proxy):

@@ -20,7 +20,7 @@ import threading
 import time
 
 from tiering_harness import (
-    SESSION_FOREVER, Closed, ConnectRefused, Ledger, Receiver, is_success, wait_until,
+    SESSION_FOREVER, Closed, ConnectRefused, Ledger, Receiver, dir_bytes, is_success, wait_until,
 )
 
 pytest_plugins = ["tiering_harness"]  # the `tiering` fixture
@@ -90,18 +90,6 @@ def check_manifest(manifest, t):
             assert o["base"] >= prev_end, f"objects overlap at {o}"
         prev_end = o["end"]
     return objects
-
-
-def dir_bytes(path, skip=()):
-    total = 0
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d not in skip]
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
 
 
 # --- 1 ---------------------------------------------------------------------------------------

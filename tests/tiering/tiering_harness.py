@@ -108,6 +108,20 @@ def free_port_pairs(n, offset=10000):
     raise RuntimeError("no free port pairs on 127.0.0.1")
 
 
+def dir_bytes(path, skip=()):
+    """Bytes of the files under `path` (folders named in `skip` left out): how much of the log
+    is still on the local disk."""
+    total = 0
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d not in skip]
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
 def wait_until(predicate, timeout, interval=0.2, what="condition"):
     """Polls `predicate` until it returns something truthy; returns that value."""
     deadline = time.monotonic() + timeout
