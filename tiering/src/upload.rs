@@ -155,11 +155,10 @@ fn queue_spans(
 ) -> Result<Vec<footer::QueueSpan>, Error> {
     let mut names: Vec<QueueName> = f.topics.iter().map(|s| QueueName::Topic(s.name.clone())).collect();
     names.extend(f.partitions.iter().filter_map(|s| footer::parse_queue_key(&format!("p:{}", s.name))));
-    for filter in storage.filters()? {
-        if f.topics.iter().any(|t| silt_types::filter_matches(&filter, &t.name)) {
-            names.push(QueueName::Filter(filter));
-        }
-    }
+    // The filters come from the dispatcher's trie, one walk per topic of the segment: with
+    // 100k per-device filters a check of every filter against every topic would cost
+    // filters × topics at each upload.
+    names.extend(storage.filters_matching(f.topics.iter().map(|t| t.name.as_str())).into_iter().map(QueueName::Filter));
     let mut out = Vec::with_capacity(names.len());
     for name in names {
         if let Some((first, count)) = storage.queue_span(&name, from, to)? {

@@ -66,7 +66,11 @@ impl Node {
     }
 
     fn topic(&self, topic: &str) -> Vec<(u64, Bytes)> {
-        let id = self.storage.queue_id(&QueueName::Topic(topic.into())).unwrap().unwrap();
+        self.queue(&QueueName::Topic(topic.into()))
+    }
+
+    fn queue(&self, name: &QueueName) -> Vec<(u64, Bytes)> {
+        let id = self.storage.queue_id(name).unwrap().unwrap_or_else(|| panic!("no queue {name:?}"));
         let (first, next) = self.storage.queue_bounds(id).unwrap();
         let got = self.storage.read_queue(id, first, (next.get() - first.get()) as usize).unwrap();
         got.into_iter().map(|(o, r)| (o.get(), r.value)).collect()
@@ -283,6 +287,10 @@ fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
     let node = start(a.path(), cfg(store.path()), Policies::new(TopicPolicy::default(), &rules).unwrap());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let hour_ago = Timestamp(Timestamp::now().get() - 3_600_000);
+    // A wildcard filter queue (a persistent session's) over both topics: the footers name it
+    // with its first offset, found through the dispatcher's filter trie at each upload.
+    let old_filter = QueueName::Filter("old/#".into());
+    node.storage.register_filter_blocking(&silt_types::TopicFilter::new("old/#").unwrap()).unwrap();
     for i in 0..200u32 {
         node.storage.append_blocking(&[record("old/a", vec![i as u8; 1000], hour_ago)]).unwrap();
     }
@@ -312,6 +320,7 @@ fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
     // Readers skip what retention deleted.
     let got = node.topic("old/a");
     assert_eq!(got, vec![(200, Bytes::from_static(b"fresh"))]);
+    assert_eq!(node.queue(&old_filter), vec![(207, Bytes::from_static(b"fresh"))]);
     node.stop();
 
     // A restart on an empty directory starts at the manifest's start and keeps every queue's
@@ -323,6 +332,9 @@ fn retention_deletes_expired_objects_and_the_manifest_stops_naming_them() {
     let more = node.storage.append_blocking(&[record("old/gone", b"back".to_vec(), Timestamp::now())]).unwrap();
     node.storage.wait_dispatched_blocking(more.end).unwrap();
     assert_eq!(node.topic("old/gone"), vec![(7, Bytes::from_static(b"back"))]);
+    // The filter queue keeps its numbering too: seeded from the footer that first names it.
+    let back = [(207, Bytes::from_static(b"fresh")), (208, Bytes::from_static(b"back"))];
+    assert_eq!(node.queue(&old_filter), back);
     node.stop();
 }
 

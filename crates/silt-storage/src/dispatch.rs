@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use lru::LruCache;
@@ -69,10 +69,16 @@ pub trait DispatchListener: Send + Sync + 'static {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FilterQueue {
+pub(crate) struct FilterQueue {
     id: QueueId,
     since: LogPosition,
 }
+
+/// The registered filter queues as a trie: the dispatcher's, shared with readers that need the
+/// filters matching a topic (the segment upload naming the queues a segment holds) so they walk
+/// the trie instead of scanning every filter. Written only by the dispatcher (filter
+/// registrations and drops, a reload after a failed round); read once per dispatched record.
+pub(crate) type SharedFilters = Arc<RwLock<TopicTrie<FilterQueue>>>;
 
 #[derive(Clone, Copy, Debug)]
 struct QueueState {
@@ -93,7 +99,7 @@ pub(crate) struct Dispatcher {
     index: Arc<Index>,
     cursor: LogPosition,
     cache: LruCache<Vec<u8>, QueueState>,
-    filters: TopicTrie<FilterQueue>,
+    filters: SharedFilters,
     next_queue_id: u64,
     listeners: Vec<Arc<dyn DispatchListener>>,
     progress: watch::Sender<LogPosition>,
@@ -127,16 +133,21 @@ impl Dispatcher {
         progress: watch::Sender<LogPosition>,
         recent: Arc<RecentEntries>,
     ) -> Result<Self> {
-        let filters = load_filters(&index)?;
+        let filters = Arc::new(RwLock::new(load_filters(&index)?));
         let next_queue_id = index.next_queue_id()?;
         let cache = LruCache::new(NonZeroUsize::new(cache_entries).expect("invariant: validated > 0"));
         Ok(Self { log, index, cursor, cache, filters, next_queue_id, listeners, progress, recent })
     }
 
+    /// The filter trie, shared with readers (see [`SharedFilters`]).
+    pub fn shared_filters(&self) -> SharedFilters {
+        self.filters.clone()
+    }
+
     /// Forgets the in-memory state a failed round may have changed, reloading it from what the
     /// index committed.
     fn reload(&mut self) -> Result<()> {
-        self.filters = load_filters(&self.index)?;
+        *self.filters.write().expect("invariant: lock not poisoned") = load_filters(&self.index)?;
         self.next_queue_id = self.index.next_queue_id()?;
         self.cache.clear();
         Ok(())
@@ -323,7 +334,7 @@ impl Dispatcher {
         if !head.topic.is_empty() {
             self.push(round, QueueName::Topic(head.topic.to_owned()).encode(), pos, &entry)?;
             let mut matched = Vec::new();
-            self.filters.for_each_match(head.topic, |filter, q| {
+            self.filters.read().expect("invariant: lock not poisoned").for_each_match(head.topic, |filter, q| {
                 if q.since < pos {
                     matched.push(filter.to_owned());
                 }
@@ -418,16 +429,20 @@ impl Dispatcher {
                 let id = self.allocate(round);
                 round.batch.put_queue(&key, &QueueMeta { id, since: pos });
                 round.names.push((key.clone(), Some(id)));
-                self.filters.insert(&filter, FilterQueue { id, since: pos });
+                self.filters
+                    .write()
+                    .expect("invariant: lock not poisoned")
+                    .insert(&filter, FilterQueue { id, since: pos });
                 round.touched.insert(key, QueueState { id, next: Offset(0), max_ts: NO_TIME });
             }
             (OP_DROP_FILTER, Some(id)) => {
                 round.batch.delete_queue(&key, id);
                 round.dropped_ids.push(id);
                 round.names.push((key.clone(), None));
-                let held = self.filters.get(&filter).iter().find(|q| q.id == id).copied();
+                let mut filters = self.filters.write().expect("invariant: lock not poisoned");
+                let held = filters.get(&filter).iter().find(|q| q.id == id).copied();
                 if let Some(q) = held {
-                    self.filters.remove(&filter, &q);
+                    filters.remove(&filter, &q);
                 }
                 round.touched.remove(&key);
                 round.dropped.push(key);

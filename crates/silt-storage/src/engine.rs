@@ -25,7 +25,9 @@ use silt_types::{LogPosition, Offset, QueueId, Timestamp, TopicFilter};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use crate::config::StorageConfig;
-use crate::dispatch::{DispatchListener, Dispatcher, OP_DROP_FILTER, OP_DROP_PARTITION, OP_REGISTER_FILTER};
+use crate::dispatch::{
+    DispatchListener, Dispatcher, OP_DROP_FILTER, OP_DROP_PARTITION, OP_REGISTER_FILTER, SharedFilters,
+};
 use crate::error::{Error, Result};
 use crate::format::{self, Record};
 use crate::index::{Index, IndexEntry, QueueName};
@@ -77,6 +79,8 @@ pub struct Storage {
     index: std::sync::RwLock<Option<Arc<Index>>>,
     /// The newest entries of recently written queues (see the `recent` module).
     recent: Arc<RecentEntries>,
+    /// The dispatcher's filter trie.
+    filters: SharedFilters,
     writer_tx: Sender<WriterMsg>,
     pending: Arc<Semaphore>,
     progress: watch::Receiver<LogPosition>,
@@ -150,6 +154,7 @@ impl Storage {
             progress_tx,
             recent.clone(),
         )?;
+        let filters = dispatcher.shared_filters();
         let (writer_tx, writer_rx) = std::sync::mpsc::channel();
         let writer = Writer::new(log.clone(), active, writer_rx);
         let stop = Arc::new(AtomicBool::new(false));
@@ -166,6 +171,7 @@ impl Storage {
             log,
             index: std::sync::RwLock::new(Some(index)),
             recent,
+            filters,
             writer_tx,
             pending: Arc::new(Semaphore::new(permits)),
             progress,
@@ -510,9 +516,26 @@ impl Storage {
         Ok(self.index()?.topics()?.into_iter().map(|(t, m)| (t, m.id)).collect())
     }
 
-    /// Every registered wildcard filter queue.
+    /// Every registered wildcard filter queue (a scan of the index: for startup and tools).
     pub fn filters(&self) -> Result<Vec<String>> {
         Ok(self.index()?.filters()?.into_iter().map(|(f, _)| f).collect())
+    }
+
+    /// The registered filters matching any of `topics`, each once, in filter order: a walk of
+    /// the dispatcher's trie per topic, so the cost follows the topics and their matches, not
+    /// the number of filters. The trie's lock is taken per topic, never across the whole walk,
+    /// so a filter registration waits for one topic's walk at most.
+    pub fn filters_matching<'a>(&self, topics: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        let mut out = std::collections::BTreeSet::new();
+        for topic in topics {
+            let filters = self.filters.read().expect("invariant: lock not poisoned");
+            filters.for_each_match(topic, |filter, _| {
+                if !out.contains(filter) {
+                    out.insert(filter.to_owned());
+                }
+            });
+        }
+        out.into_iter().collect()
     }
 
     /// Positions below this were deleted by retention.

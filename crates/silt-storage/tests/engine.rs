@@ -287,7 +287,33 @@ proptest! {
             let got: Vec<Bytes> = queue(&s, &filter(f)).into_iter().map(|r| r.value).collect();
             prop_assert_eq!(got, want, "filter {:?}", f);
         }
+        // The filters matching a set of topics (what a segment upload names) are those a
+        // brute-force check finds, also for a subset of the topics.
+        for some in [&topics[..], &topics[..topics.len() / 2]] {
+            let want: Vec<String> =
+                filters.iter().filter(|f| some.iter().any(|t| filter_matches(f, t))).cloned().collect();
+            prop_assert_eq!(s.filters_matching(some.iter().map(String::as_str)), want);
+        }
     }
+}
+
+#[test]
+fn filters_matching_follows_registrations_drops_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let topics = ["devices/1/telemetry", "devices/2/status", "$SYS/broker/uptime"];
+    assert!(s.filters_matching(topics).is_empty());
+    for f in ["devices/+/telemetry", "devices/#", "#", "other/#", "$SYS/#"] {
+        s.register_filter_blocking(&TopicFilter::new(f).unwrap()).unwrap();
+    }
+    let all = ["#", "$SYS/#", "devices/#", "devices/+/telemetry"];
+    assert_eq!(s.filters_matching(topics), all, "each matching filter once, `other/#` not");
+    assert_eq!(s.filters_matching(["devices/2/status"]), ["#", "devices/#"]);
+    s.drop_filter_blocking(&TopicFilter::new("devices/#").unwrap()).unwrap();
+    assert_eq!(s.filters_matching(["devices/2/status"]), ["#"], "a dropped filter is gone at once");
+    s.close().unwrap();
+    let s = open(dir.path());
+    assert_eq!(s.filters_matching(topics), ["#", "$SYS/#", "devices/+/telemetry"], "loaded from the index on open");
 }
 
 #[test]
