@@ -114,7 +114,8 @@ pub enum Tier {
     /// The process's memory: acknowledged without waiting for an fsync, never uploaded (the
     /// object-store copy holds stand-ins), delivered while the broker runs and gone after a
     /// restart, like a broker without persistence. Their bytes pass through the commitlog so
-    /// that one log orders every topic; the log's page cache holds them.
+    /// that one log orders every topic; the log's page cache holds them. The broker's `$SYS`
+    /// figures always live here, whatever the policies say (see [`Policies::memory`]).
     Memory,
 }
 
@@ -375,26 +376,34 @@ impl Policies {
         self.any_local_tier
     }
 
-    /// Whether any topic lives in memory only.
+    /// Whether any policy puts topics in memory only (`$SYS` figures always live there, see
+    /// [`Policies::memory`], whatever this says).
     pub fn any_memory_tier(&self) -> bool {
         self.any_memory_tier
     }
 
     /// `(memory, object_ack)` for a publish to `topic`, with one lookup: whether it lives in
     /// memory only (see [`Policies::memory`]) and whether its acknowledgement waits for the
-    /// object store.
+    /// object store. Without memory or `ack = "object"` policies, an ordinary topic costs a
+    /// prefix check and no lookup.
     pub fn decide(&self, topic: &str) -> (bool, bool) {
+        if is_sys(topic) {
+            return (true, false);
+        }
         if !self.any_memory_tier && !self.any_object_ack {
             return (false, false);
         }
         let p = self.for_topic(topic);
-        (self.any_memory_tier && !topic.starts_with("$SYS/") && p.tier == Tier::Memory, p.ack == AckDurability::Object)
+        (self.any_memory_tier && p.tier == Tier::Memory, p.ack == AckDurability::Object)
     }
 
-    /// Whether `topic`'s messages live in memory only (`$SYS` figures never do: they are
-    /// the broker's and follow its own rules).
+    /// Whether `topic`'s messages live in memory only: a `tier = "memory"` topic's, and the
+    /// broker's `$SYS` figures whatever the policies say. The figures are the broker's, current
+    /// only while it runs, and republished at its first statistics tick after a start: writing
+    /// them to the disk and the bucket every few seconds would cost requests and bytes for
+    /// nothing.
     pub fn memory(&self, topic: &str) -> bool {
-        self.any_memory_tier && !topic.starts_with("$SYS/") && self.for_topic(topic).tier == Tier::Memory
+        is_sys(topic) || (self.any_memory_tier && self.for_topic(topic).tier == Tier::Memory)
     }
 
     /// Whether a record of `topic` (or, without a topic, of `stream`) is kept off the store.
@@ -404,7 +413,8 @@ impl Policies {
             return false;
         }
         match (topic.is_empty(), stream.starts_with("__silt_")) {
-            (false, _) => !topic.starts_with("$SYS/") && self.for_topic(topic).tier == Tier::Local,
+            // `$SYS` records are volatile (memory tier), and withheld as such.
+            (false, _) => !is_sys(topic) && self.for_topic(topic).tier == Tier::Local,
             (true, true) => false,
             (true, false) => self.for_topic(stream).tier == Tier::Local,
         }
@@ -425,6 +435,11 @@ impl Policies {
         let deletes = |p: &TopicPolicy| p.retention_ms > 0 || p.retention_bytes > 0;
         deletes(&self.default) || self.rules.iter().any(deletes)
     }
+}
+
+/// A `$SYS/...` topic: the broker's own figures, in the memory tier whatever the policies say.
+fn is_sys(topic: &str) -> bool {
+    topic.starts_with("$SYS/")
 }
 
 #[cfg(test)]
@@ -472,13 +487,32 @@ mod tests {
     }
 
     #[test]
-    fn memory_topics_are_named_by_policy_and_sys_figures_never_are() {
+    fn memory_topics_are_named_by_policy_and_sys_figures_always_are() {
         let rules = [TopicRule { pattern: "#".into(), tier: Some(Tier::Memory), ..TopicRule::default() }];
         let p = Policies::new(TopicPolicy::default(), &rules).unwrap();
-        assert!(p.any_memory_tier() && p.memory("fast/1") && !p.memory("$SYS/broker/uptime"));
-        assert_eq!((p.decide("fast/1"), p.decide("$SYS/broker/uptime")), ((true, false), (false, false)));
+        assert!(p.any_memory_tier() && p.memory("fast/1") && p.memory("$SYS/broker/uptime"));
+        assert_eq!((p.decide("fast/1"), p.decide("$SYS/broker/uptime")), ((true, false), (true, false)));
+
+        // No policy names the memory tier: ordinary topics are durable, `$SYS` figures are not.
         let none = Policies::new(TopicPolicy::default(), &[]).unwrap();
         assert!(!none.any_memory_tier() && !none.memory("fast/1"));
+        assert!(none.memory("$SYS/broker/version") && none.memory("$SYS/broker/sessions/c%2F1/backlog"));
+        assert_eq!((none.decide("fast/1"), none.decide("$SYS/broker/version")), ((false, false), (true, false)));
+        // A topic named like `$SYS` without its separator is an ordinary one.
+        assert_eq!(none.decide("$SYSTEM/x"), (false, false));
+
+        // Everything in the bucket, even acknowledged from it, or everything local: `$SYS`
+        // still lives in memory, is acknowledged without the store, and is not "local".
+        for tier in [Tier::Object, Tier::Local] {
+            let ack = (tier == Tier::Object).then_some(AckDurability::Object);
+            let rules = [TopicRule { pattern: "#".into(), tier: Some(tier), ack, ..TopicRule::default() }];
+            let p = Policies::new(TopicPolicy::default(), &rules).unwrap();
+            assert!(!p.any_memory_tier() && !p.memory("a/b") && p.memory("$SYS/broker/version"), "{tier:?}");
+            assert_eq!(p.decide("$SYS/broker/version"), (true, false), "{tier:?}");
+            assert_eq!(p.decide("a/b"), (false, tier == Tier::Object), "{tier:?}");
+            assert!(!p.withholds("$SYS/broker/version", "$SYS"), "{tier:?}");
+            assert_eq!(p.withholds("a/b", "a"), tier == Tier::Local, "{tier:?}");
+        }
     }
 
     #[test]

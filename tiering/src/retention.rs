@@ -142,8 +142,9 @@ impl Inner {
                 break;
             }
             let topic_expired = |name: &str, max_ts: i64| {
-                // `$SYS` history is worthless: the current figures live on as retained
-                // messages, which the internal floor protects.
+                // `$SYS` history is worthless: the figures live in memory (their uploaded
+                // copies are stand-ins) and are republished after a start; objects from
+                // before they did may still hold durable ones, which expire at once too.
                 if name.starts_with("$SYS/") {
                     return true;
                 }

@@ -141,7 +141,14 @@ impl Broker {
         let storage = appender.storage().clone();
         storage.wait_dispatched_blocking(storage.stats().log_end)?;
         let max_levels = usize::from(config.max_topic_levels);
-        let (retained, retained_replayed) = RetainedStore::load(&storage, max_levels)?;
+        let (mut retained, retained_replayed) = RetainedStore::load(&storage, max_levels)?;
+        // `$SYS` figures live in memory (tiering puts them there): what an earlier process's
+        // dumps still point at is gone, or (written before they lived there) stale. The first
+        // statistics tick publishes them all again (`sys_figures` starts empty).
+        let stale = retained.clear_below("$SYS");
+        if stale > 0 {
+            tracing::debug!(stale, "retained $SYS figures of an earlier process dropped");
+        }
         if internal::worth_compacting(retained_replayed, retained.len()) {
             let start = internal::stream_end(&storage, RETAINED_STREAM)?;
             storage.append_blocking(&retained.dump())?;
@@ -894,6 +901,22 @@ impl Broker {
                 }
             })
             .collect()
+    }
+
+    /// The `$SYS/...` topics whose retained figure the local log still holds. The figures are
+    /// volatile (memory tier): once the segment holding one is evicted from the disk (the
+    /// object-store copy holds a stand-in), or retention's copy-forward found it gone, it is
+    /// not retained any more until it is published again.
+    pub(crate) fn sys_retained_locally(&self) -> std::collections::HashSet<String> {
+        let entries = self.retained.read().expect("invariant: lock not poisoned").entries_below("$SYS");
+        if entries.is_empty() {
+            return Default::default();
+        }
+        let (active, _) = self.storage.active_span();
+        let sealed: Vec<(LogPosition, LogPosition)> =
+            self.storage.sealed_segments().into_iter().map(|s| (s.base, s.end)).collect();
+        let local = |p: LogPosition| p >= active || sealed.iter().any(|&(base, end)| base <= p && p < end);
+        entries.into_iter().filter(|(_, e)| local(e.position)).map(|(topic, _)| topic).collect()
     }
 
     pub fn retained_count(&self) -> usize {

@@ -78,6 +78,36 @@ impl RetainedStore {
         }
     }
 
+    /// Clears every retained message below the first level `level` (`"$SYS"`: every
+    /// `$SYS/...` topic; a topic named `level` alone stays). Returns how many were cleared.
+    pub fn clear_below(&mut self, level: &str) -> usize {
+        let Some(node) = self.root.children.get_mut(level) else { return 0 };
+        let mut cleared = Vec::new();
+        for (_, child) in node.children.drain() {
+            collect_all(&child, &mut cleared);
+        }
+        if node.is_empty() {
+            self.root.children.remove(level);
+        }
+        self.len -= cleared.len();
+        cleared.len()
+    }
+
+    /// `(topic, entry)` of every retained message below the first level `level`.
+    pub fn entries_below(&self, level: &str) -> Vec<(String, IndexEntry)> {
+        let mut out = Vec::new();
+        let Some(top) = self.root.children.get(level) else { return out };
+        // (node, its topic); explicit stack, as everywhere here that follows topic levels.
+        let mut stack: Vec<(&Node, String)> = top.children.iter().map(|(n, c)| (c, format!("{level}/{n}"))).collect();
+        while let Some((node, topic)) = stack.pop() {
+            stack.extend(node.children.iter().map(|(n, c)| (c, format!("{topic}/{n}"))));
+            if let Some(e) = node.entry {
+                out.push((topic, e));
+            }
+        }
+        out
+    }
+
     /// The retained message of one topic.
     pub fn get(&self, topic: &str) -> Option<IndexEntry> {
         let filter = silt_types::TopicFilter::new(topic.to_owned()).ok()?;
@@ -387,5 +417,30 @@ mod tests {
         assert_eq!(loaded.get("t/a"), Some(newer));
         assert_eq!(loaded.get("t/c"), None);
         assert_eq!(loaded.get("t/k"), store.get("t/k"));
+    }
+
+    #[test]
+    fn sys_figures_are_listed_and_cleared_apart_from_every_other_retained_message() {
+        let now = Timestamp::now();
+        let e = |p: u64| IndexEntry { position: LogPosition(p), size: 1, timestamp: now };
+        let mut store = RetainedStore::default();
+        for (i, t) in ["$SYS/broker/version", "$SYS/broker/sessions/c/backlog", "$SYS", "a/b", "$share-like/x"]
+            .into_iter()
+            .enumerate()
+        {
+            store.set(t, Some(e(i as u64)));
+        }
+        let mut below = store.entries_below("$SYS");
+        below.sort_by_key(|(_, e)| e.position);
+        assert_eq!(
+            below,
+            [("$SYS/broker/version".to_owned(), e(0)), ("$SYS/broker/sessions/c/backlog".to_owned(), e(1))]
+        );
+        assert_eq!(store.clear_below("$SYS"), 2);
+        assert_eq!(store.len(), 3);
+        assert_eq!(store.get("$SYS/broker/version"), None);
+        assert_eq!((store.get("$SYS"), store.get("a/b")), (Some(e(2)), Some(e(3))));
+        assert_eq!(store.clear_below("$SYS"), 0);
+        assert_eq!(store.dump().len(), 3);
     }
 }

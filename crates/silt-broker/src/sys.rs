@@ -2,6 +2,12 @@
 //! subscriber to `$SYS/#` sees the current figures at once. A figure is published when it
 //! changes (checked every `sys_interval_secs`).
 //!
+//! The figures live in the memory tier whatever the topic policies say (tiering decides so):
+//! acknowledged without an fsync, stand-ins in the object store, gone after a restart. Nothing
+//! is remembered as published at start-up, so the first tick publishes every figure again;
+//! later ticks also publish again a figure whose record left the local disk (an evicted
+//! segment), so it stays retained.
+//!
 //! Each session's backlog (messages waiting between its cursors and the end of its queues) is
 //! published as `$SYS/broker/sessions/{client id}/backlog` when it changes, and cleared when
 //! the session ends; `/`, `+` and `#` in a client id are percent-encoded.
@@ -19,12 +25,16 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
     let storage = broker.storage.stats();
     let backlogs = broker.backlogs().await;
     let total: u64 = backlogs.iter().map(|(_, b)| b).sum();
+    // The figures live in the memory tier: one no longer on the local disk is published
+    // again, changed or not, so a new `$SYS/#` subscriber still gets every figure.
+    let held = broker.sys_retained_locally();
+    let backlog_topic = |id: &str| format!("$SYS/broker/sessions/{}/backlog", encode_level(id));
     let changes = {
         let mut last = broker.sys_backlogs.lock().expect("invariant: lock not poisoned");
         let mut changes: Vec<(String, Option<u64>)> = Vec::new();
         let current: std::collections::HashMap<String, u64> = backlogs.into_iter().collect();
         for (id, b) in &current {
-            if last.get(id) != Some(b) {
+            if last.get(id) != Some(b) || !held.contains(&backlog_topic(id)) {
                 changes.push((id.clone(), Some(*b)));
             }
         }
@@ -39,7 +49,7 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
     for (id, backlog) in changes {
         // An empty retained payload clears the topic of a session that is gone.
         let value = backlog.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
-        publish_retained(broker, format!("$SYS/broker/sessions/{}/backlog", encode_level(&id)), value).await;
+        publish_retained(broker, backlog_topic(&id), value).await;
     }
     let mut figures: Vec<(String, String)> = [
         ("version", format!("silt {}", env!("CARGO_PKG_VERSION"))),
@@ -65,11 +75,16 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
     if let Some(extra) = broker.extra_stats.get() {
         figures.extend(extra());
     }
-    // Each figure is a retained message in the log: write only what changed, so an idle
-    // broker writes nothing (and has nothing left to upload).
+    // Each figure is a retained message in the log: write only what changed (or is gone), so
+    // an idle broker writes next to nothing.
     let changed: Vec<(String, String)> = {
         let mut last = broker.sys_figures.lock().expect("invariant: lock not poisoned");
-        figures.into_iter().filter(|(k, v)| last.insert(k.clone(), v.clone()).as_ref() != Some(v)).collect()
+        figures
+            .into_iter()
+            .filter(|(k, v)| {
+                last.insert(k.clone(), v.clone()).as_ref() != Some(v) || !held.contains(&format!("$SYS/broker/{k}"))
+            })
+            .collect()
     };
     for (name, value) in changed {
         publish_retained(broker, format!("$SYS/broker/{name}"), Bytes::from(value)).await;

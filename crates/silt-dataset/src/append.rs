@@ -4,9 +4,10 @@
 //!
 //! - the stream of each record is registered (partitions fixed at creation) in the same batch,
 //!   and records that follow the routing rule get their partition from their key;
-//! - `tier = "memory"` topics' records are volatile (acknowledged without an fsync);
-//! - a retained record (`attrs::RETAIN`) is followed in the batch by its pointer, and the
-//!   retained index points at it once the batch is durable;
+//! - `tier = "memory"` topics' records (and `$SYS` figures, which tiering always puts there)
+//!   are volatile (acknowledged without an fsync);
+//! - a retained record (`attrs::RETAIN`) is followed in the batch by its pointer (volatile
+//!   when the record is), and the retained index points at it once the batch is durable;
 //! - when the caller waits for an acknowledgement and a record's topic has
 //!   `ack = "object"`, the acknowledgement also waits until the object store holds the batch.
 //!
@@ -205,7 +206,9 @@ impl Appender {
             theirs.push(batch.len());
             match retained.filter(|_| retain) {
                 Some(index) => {
-                    let pointer = index.pointer(&r, now);
+                    // A volatile message's pointer is volatile too: it means nothing once the
+                    // message is gone, and a durable one would make the batch wait for an fsync.
+                    let pointer = Record { volatile: r.volatile, ..index.pointer(&r, now) };
                     pointers.push((r.topic.clone(), batch.len(), r.encoded_len() as u32, r.value.is_empty()));
                     batch.push(r);
                     batch.push(pointer);

@@ -96,9 +96,9 @@ pub fn wire(
 ) -> LakeSlot {
     let lakehouse = LakeSlot::default();
     let policies = tiering.policies();
-    if policies.any_object_ack() || policies.any_memory_tier() {
-        broker.set_tiers(Arc::new(Gate(tiering.clone(), policies.clone())));
-    }
+    // Always: `$SYS` figures live in memory even when no policy names the memory tier. For an
+    // ordinary topic without memory or `ack = "object"` policies, deciding is a prefix check.
+    broker.set_tiers(Arc::new(Gate(tiering.clone(), policies.clone())));
     tiering.set_internal_state(Arc::new(Internal {
         broker: Arc::downgrade(broker),
         kafka: kafka.map(Arc::downgrade),

@@ -1,6 +1,7 @@
 //! Tiering through the server binary with a local-directory object store: retention with the
-//! broker's internal streams (sessions, retained messages, `$SYS`) in the same segments, and
-//! recovery of an empty data directory. The S3 path runs against SeaweedFS in tests/tiering/.
+//! broker's internal streams (sessions, retained messages, `$SYS`) in the same segments,
+//! recovery of an empty data directory, memory-tier topics and `$SYS` figures kept off the
+//! store. The S3 path runs against SeaweedFS in tests/tiering/.
 
 mod common;
 
@@ -186,5 +187,95 @@ fn memory_tier_messages_are_delivered_while_the_broker_runs_and_gone_after_a_res
     assert_eq!(retained(silt.port, "mem/r"), None);
     publish(silt.port, "mem/t", "volatile-3", false);
     assert_eq!(resume(silt.port, "mem-keeper", &filters, 1), ["mem/t volatile-3"]);
+    silt.stop();
+}
+
+/// `$SYS/...` retained figures, as "retain-flag topic payload" lines a new `$SYS/#` subscriber
+/// gets within `secs` seconds.
+fn sys_figures(port: u16, secs: u32) -> Vec<String> {
+    let out = Command::new("mosquitto_sub")
+        .args(["-p", &port.to_string(), "-t", "$SYS/#", "-F", "%r %t %p", "-W", &secs.to_string()])
+        .output()
+        .expect("mosquitto_sub");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn sys_figures_live_in_memory_and_come_back_at_the_first_tick_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("bucket");
+    let cfg = dir.path().join("silt.toml");
+    // No policy names the memory tier, and every other topic goes to the bucket. No hot cache:
+    // a segment leaves the disk once uploaded.
+    let config = |sys_interval_secs: u32| {
+        let toml = format!(
+            "[storage]\nsegment_max_age_ms = 200\ntail_cache_bytes = 0\n[mqtt]\nsys_interval_secs = {sys_interval_secs}\n\
+             [tiering]\nhot_cache_bytes = 0\n[[topics]]\nmatch = \"#\"\ntier = \"object\"\n"
+        );
+        std::fs::write(&cfg, toml).unwrap();
+    };
+    config(1);
+    let url = format!("file://{}", store.display());
+    let args = ["--config", cfg.to_str().unwrap(), "--object-store", &url];
+    let data = dir.path().join("data");
+    let silt = Silt::start_with(&data, &args);
+
+    // A `$SYS/#` subscriber gets the figures as retained messages.
+    let t = Instant::now();
+    let version = loop {
+        let figures = sys_figures(silt.port, 2);
+        // (A subscriber that arrives during the first tick gets the rest as they come.)
+        let version = figures.iter().find_map(|l| l.strip_prefix("1 $SYS/broker/version "));
+        if let Some(v) = version
+            && figures.iter().any(|l| l.starts_with("1 $SYS/broker/messages/received "))
+        {
+            break v.to_owned();
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no retained $SYS figures: {figures:?}");
+    };
+    assert!(version.starts_with("silt "), "{version}");
+    publish(silt.port, "disk/r", "durable-retained", true);
+
+    // The segment holding the figures reaches the bucket with stand-ins (their topics are
+    // there, their payloads are not), beside the ordinary topic's payload.
+    let t = Instant::now();
+    while !(store_holds(&store, b"durable-retained") && store_holds(&store, b"$SYS/broker/version")) {
+        assert!(t.elapsed() < Duration::from_secs(30), "the segments never reached the store");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!store_holds(&store, version.as_bytes()), "the $SYS payload {version:?} was uploaded");
+
+    // The first segment, with the first figures, leaves the disk; its stand-ins are all the
+    // store has of them, so the figures are published again though they did not change (here
+    // at every tick: each segment leaves the disk once uploaded).
+    let first = data.join("log").join(format!("{:020}.log", 0));
+    let t = Instant::now();
+    while first.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{} was never evicted", first.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = Command::new("mosquitto_sub")
+        .args(["-p", &silt.port.to_string(), "-t", "$SYS/broker/version", "-F", "%p", "-C", "2", "-W", "10"])
+        .output()
+        .expect("mosquitto_sub");
+    let versions: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(versions, [version.clone(), version.clone()], "the unchanged figure was published again");
+
+    // A crash, then a start on the same data directory with a slower tick: the figures are
+    // gone until the first tick publishes them again; the ordinary retained message stays.
+    silt.kill();
+    config(4);
+    let silt = Silt::start_with(&data, &args);
+    assert_eq!(retained(silt.port, "disk/r").as_deref(), Some("durable-retained"));
+    let before_tick = sys_figures(silt.port, 1);
+    assert!(before_tick.iter().all(|l| !l.starts_with("1 ")), "retained figures of the last run: {before_tick:?}");
+    let t = Instant::now();
+    loop {
+        let figures = sys_figures(silt.port, 2);
+        if figures.iter().any(|l| *l == format!("1 $SYS/broker/version {version}")) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "$SYS/broker/version not retained again: {figures:?}");
+    }
     silt.stop();
 }
