@@ -140,6 +140,27 @@ async fn upgraded(
     connection::run(broker, io, peer, shutdown, admitted).await;
 }
 
+/// Serves one MQTT connection over `io`, a byte stream already established by the caller (an
+/// in-memory pipe such as `tokio::io::duplex`), as if a TCP listener had accepted it from
+/// `peer`: the same connection task, admitted through `admission` like the listeners'
+/// connections (refused, by closing, when it is full). For benchmarks and tests that drive the
+/// whole connection path without sockets; the listeners never call it.
+pub async fn serve_io<S>(
+    broker: Arc<Broker>,
+    admission: Arc<Admission>,
+    io: S,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let slot = match admission.arrive() {
+        Arrival::Admitted(slot) | Arrival::Evicted(slot) => slot,
+        Arrival::Full => return,
+    };
+    connection::run(broker, io, peer, shutdown, Admitted { slot, admission }).await;
+}
+
 /// Periodic housekeeping: session expiry and `$SYS/` statistics.
 pub async fn run_housekeeping(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
