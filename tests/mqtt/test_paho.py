@@ -234,7 +234,20 @@ def test_session_backlog_is_visible_under_sys(data_dir):
             if seen == b"0":
                 break
         assert seen == b"0", "and the backlog drops to 0 once delivered"
-        for x in (c, pub, watch):
+        # Sessions that never had a backlog (the publisher, the watcher: connected for several
+        # ticks by now) have no figure: an idle connection costs no retained topic.
+        every = Client(silt, "bk-every")
+        every.c.subscribe("$SYS/broker/sessions/+/backlog", qos=0)
+        figures = {}
+        deadline = time.time() + 2
+        while time.time() < deadline:
+            try:
+                m = every.get(timeout=0.5)
+            except Exception:
+                continue
+            figures[m.topic] = m.payload
+        assert figures == {"$SYS/broker/sessions/backlogged/backlog": b"0"}, figures
+        for x in (c, pub, watch, every):
             x.close()
     finally:
         silt.kill()

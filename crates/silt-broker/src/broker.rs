@@ -929,7 +929,8 @@ impl Broker {
 
     /// Messages waiting per session (client id, backlog), for `$SYS` and stats.
     /// `(sessions, total, largest)` of the backlogs `$SYS` last published (refreshed every
-    /// `sys_interval_secs`): cheap, for scrapes.
+    /// `sys_interval_secs`; `sessions` counts those with a figure, i.e. that had a backlog):
+    /// cheap, for scrapes.
     pub fn backlog_summary(&self) -> (usize, u64, u64) {
         let last = self.sys_backlogs.lock().expect("invariant: lock not poisoned");
         (last.len(), last.values().sum(), last.values().copied().max().unwrap_or(0))

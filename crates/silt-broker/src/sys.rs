@@ -9,8 +9,10 @@
 //! segment), so it stays retained.
 //!
 //! Each session's backlog (messages waiting between its cursors and the end of its queues) is
-//! published as `$SYS/broker/sessions/{client id}/backlog` when it changes, and cleared when
-//! the session ends; `/`, `+` and `#` in a client id are percent-encoded.
+//! published as `$SYS/broker/sessions/{client id}/backlog` once it is not 0, then whenever it
+//! changes (down to 0 again), and cleared when the session ends; a session that never had a
+//! backlog has no figure (an idle connection costs no retained topic). `/`, `+` and `#` in a
+//! client id are percent-encoded.
 
 use std::sync::atomic::Ordering;
 
@@ -34,16 +36,27 @@ pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
         let mut changes: Vec<(String, Option<u64>)> = Vec::new();
         let current: std::collections::HashMap<String, u64> = backlogs.into_iter().collect();
         for (id, b) in &current {
-            if last.get(id) != Some(b) || !held.contains(&backlog_topic(id)) {
+            // A session that never had a backlog is not published: with 100k idle devices
+            // that would be 100k retained topics (memory per connection) and as many records
+            // at the first tick. Once published, a figure follows its session to 0.
+            let published = last.get(id).copied();
+            let gone = published.is_some() && !held.contains(&backlog_topic(id));
+            if published.unwrap_or(0) != *b || gone {
                 changes.push((id.clone(), Some(*b)));
             }
         }
-        for id in last.keys() {
-            if !current.contains_key(id) {
+        last.retain(|id, _| {
+            let live = current.contains_key(id);
+            if !live {
                 changes.push((id.clone(), None));
             }
+            live
+        });
+        for (id, b) in &changes {
+            if let Some(b) = b {
+                last.insert(id.clone(), *b);
+            }
         }
-        *last = current;
         changes
     };
     for (id, backlog) in changes {
