@@ -599,8 +599,9 @@ impl Broker {
             let mut g = session.lock().await;
             let filters: Vec<String> = std::mem::take(&mut g.subs.subs).into_keys().collect();
             let shared: Vec<String> = std::mem::take(&mut g.shared).into_keys().collect();
-            let held: Vec<_> =
+            let mut held: Vec<_> =
                 std::mem::take(&mut g.outbound_qos2).into_values().filter(|o| o.group.is_some()).collect();
+            held.sort_unstable_by_key(|o| o.packet_id);
             (g.client_id.clone(), filters, g.persistent(), shared, held)
         };
         // A shared group's QoS 2 deliveries in flight to this member are never given to

@@ -700,8 +700,11 @@ pub struct Session {
     pub disconnected_at: Option<Timestamp>,
     /// Cursors moved since the last snapshot.
     pub dirty: bool,
-    /// Outbound QoS 2 deliveries not yet completed, by packet id.
-    pub outbound_qos2: std::collections::BTreeMap<u16, crate::session::OutboundQos2>,
+    /// Outbound QoS 1/2 deliveries not yet completed, by packet id. A hash map: one entry is
+    /// added per QoS 1/2 delivery and removed at its acknowledgement, oldest first, which in a
+    /// B-tree shifts the rest of a leaf (112-byte values) each time; ordered reads use
+    /// [`Session::outbound_in_order`].
+    pub outbound_qos2: std::collections::HashMap<u16, crate::session::OutboundQos2>,
     /// Shared-subscription memberships by `$share/{group}/{filter}`.
     pub shared: std::collections::BTreeMap<String, SharedMembership>,
     /// Who the session belongs to; `None` only for a session restored from a snapshot that
@@ -743,7 +746,7 @@ impl Session {
             inbound_qos2: BTreeSet::new(),
             disconnected_at: None,
             dirty: false,
-            outbound_qos2: std::collections::BTreeMap::new(),
+            outbound_qos2: std::collections::HashMap::new(),
             shared: std::collections::BTreeMap::new(),
             owner: None,
         }
@@ -760,10 +763,17 @@ impl Session {
             subscriptions: self.subs.states(),
             inbound_qos2: self.inbound_qos2.iter().copied().collect(),
             disconnected_at: self.disconnected_at.map(Timestamp::get),
-            outbound_qos2: self.outbound_qos2.values().cloned().collect(),
+            outbound_qos2: self.outbound_in_order(),
             shared: self.shared.values().cloned().collect(),
             owner: self.owner.clone(),
         }
+    }
+
+    /// The outbound QoS 1/2 deliveries in flight, by packet id.
+    pub fn outbound_in_order(&self) -> Vec<OutboundQos2> {
+        let mut list: Vec<OutboundQos2> = self.outbound_qos2.values().cloned().collect();
+        list.sort_unstable_by_key(|o| o.packet_id);
+        list
     }
 
     /// Whether the session keeps the shared group `key`'s in-flight delivery of `settles` (a

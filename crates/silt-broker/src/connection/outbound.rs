@@ -20,7 +20,7 @@ where
     pub(super) async fn restore_inflight(&mut self) {
         let restored: Vec<OutboundQos2> = {
             let mut s = self.session.lock().await;
-            let list: Vec<OutboundQos2> = s.outbound_qos2.values().cloned().collect();
+            let list: Vec<OutboundQos2> = s.outbound_in_order();
             for o in list.iter().filter(|o| o.group.is_none()) {
                 s.subs.hold(&o.settles(), o.entry());
             }
