@@ -234,7 +234,7 @@ fn a_subscriber_that_stops_reading_does_not_grow_broker_memory() {
     let cfg = dir.path().join("silt.toml");
     // A small tail cache and the smallest upload parts, so what the test sees is delivery state,
     // not the cache or a segment upload doing its job: an upload holds up to three parts (32 MiB
-    // each by default) while it runs, and on busy cores it is still running when RSS is read.
+    // each by default) while it runs, and on busy cores it can still be running when RSS is read.
     std::fs::write(
         &cfg,
         "[storage]\ntail_cache_bytes = 8388608\nfsync = \"interval\"\n[tiering]\nmultipart_part_bytes = 5242880\n",
