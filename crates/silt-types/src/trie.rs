@@ -17,21 +17,114 @@ struct Node<V> {
     /// Values of the filter `<this node>/#`.
     hash: Vec<V>,
     /// Children by level; `+` is stored under the key `"+"`.
-    children: HashMap<Box<str>, Node<V>>,
+    children: Children<V>,
 }
 
 impl<V> Default for Node<V> {
     fn default() -> Self {
-        Self { values: Vec::new(), hash: Vec::new(), children: HashMap::new() }
+        Self { values: Vec::new(), hash: Vec::new(), children: Children::default() }
     }
 }
 
 impl<V> Drop for Node<V> {
     /// Without this, dropping a chain of 10,000 nested nodes would recurse 10,000 deep.
     fn drop(&mut self) {
-        let mut doomed: Vec<Node<V>> = self.children.drain().map(|(_, n)| n).collect();
+        let mut doomed: Vec<Node<V>> = std::mem::take(&mut self.children).into_nodes();
         while let Some(mut n) = doomed.pop() {
-            doomed.extend(n.children.drain().map(|(_, c)| c));
+            doomed.extend(std::mem::take(&mut n.children).into_nodes());
+        }
+    }
+}
+
+/// Most children per node kept in a list scanned in place; beyond, a hash map.
+const FEW: usize = 8;
+
+/// A node's children. Most nodes have one or a few (in a tree of per-device filters such as
+/// `site/devices/{id}/cmd/#`, every level below the device's has one): a short list costs
+/// exactly its entries and a scan of a few keys, where a hash map would allocate room for
+/// several entries and hash every level looked up. A node with many children (the device
+/// level) gets the hash map.
+#[derive(Debug)]
+enum Children<V> {
+    Few(Vec<(Box<str>, Node<V>)>),
+    Many(HashMap<Box<str>, Node<V>>),
+}
+
+impl<V> Default for Children<V> {
+    fn default() -> Self {
+        Self::Few(Vec::new())
+    }
+}
+
+impl<V> Children<V> {
+    fn len(&self) -> usize {
+        match self {
+            Self::Few(v) => v.len(),
+            Self::Many(m) => m.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn get_key_value(&self, level: &str) -> Option<(&str, &Node<V>)> {
+        match self {
+            Self::Few(v) => v.iter().find(|(k, _)| &**k == level).map(|(k, n)| (&**k, n)),
+            Self::Many(m) => m.get_key_value(level).map(|(k, n)| (&**k, n)),
+        }
+    }
+
+    fn get(&self, level: &str) -> Option<&Node<V>> {
+        self.get_key_value(level).map(|(_, n)| n)
+    }
+
+    fn get_mut(&mut self, level: &str) -> Option<&mut Node<V>> {
+        match self {
+            Self::Few(v) => v.iter_mut().find(|(k, _)| &**k == level).map(|(_, n)| n),
+            Self::Many(m) => m.get_mut(level),
+        }
+    }
+
+    /// The child under `level`, added empty if missing.
+    fn get_or_insert(&mut self, level: &str) -> &mut Node<V> {
+        if let Self::Few(v) = self
+            && v.len() == FEW
+            && !v.iter().any(|(k, _)| &**k == level)
+        {
+            *self = Self::Many(std::mem::take(v).into_iter().collect());
+        }
+        match self {
+            Self::Few(v) => {
+                let i = match v.iter().position(|(k, _)| &**k == level) {
+                    Some(i) => i,
+                    None => {
+                        // Exactly one more: a list of one child costs one entry, not four.
+                        v.reserve_exact(1);
+                        v.push((level.into(), Node::default()));
+                        v.len() - 1
+                    }
+                };
+                &mut v[i].1
+            }
+            Self::Many(m) => m.entry(level.into()).or_default(),
+        }
+    }
+
+    fn remove(&mut self, level: &str) -> Option<Node<V>> {
+        match self {
+            Self::Few(v) => {
+                let i = v.iter().position(|(k, _)| &**k == level)?;
+                Some(v.swap_remove(i).1)
+            }
+            Self::Many(m) => m.remove(level),
+        }
+    }
+
+    fn into_nodes(self) -> Vec<Node<V>> {
+        match self {
+            Self::Few(v) => v.into_iter().map(|(_, n)| n).collect(),
+            Self::Many(m) => m.into_values().collect(),
         }
     }
 }
@@ -79,7 +172,7 @@ impl<V: PartialEq> TopicTrie<V> {
                 // The validator guarantees '#' is last.
                 return push_unique(&mut node.hash, value, &mut self.len);
             }
-            node = node.children.entry(level.into()).or_default();
+            node = node.children.get_or_insert(level);
             if levels.peek().is_none() {
                 return push_unique(&mut node.values, value, &mut self.len);
             }
@@ -123,7 +216,7 @@ impl<V: PartialEq> TopicTrie<V> {
             if !node.values.is_empty() || !node.hash.is_empty() || node.children.len() > 1 {
                 keep = depth;
             }
-            match node.children.get_mut(*level) {
+            match node.children.get_mut(level) {
                 Some(child) => node = child,
                 None => return false,
             }
@@ -138,7 +231,7 @@ impl<V: PartialEq> TopicTrie<V> {
         }
         let mut node = &mut self.root;
         for level in &levels[..keep] {
-            node = node.children.get_mut(*level).expect("invariant: the path was just walked");
+            node = node.children.get_mut(level).expect("invariant: the path was just walked");
         }
         // Drops the chain that held only this pair (`Node`'s drop is iterative).
         node.children.remove(levels[keep]);
@@ -218,10 +311,10 @@ fn walk<'a, V>(root: &'a Node<V>, name: &str, f: &mut dyn FnMut(&str, &'a V)) {
             && wildcard_allowed
             && let Some((k, child)) = node.children.get_key_value("+")
         {
-            stack.push((child, depth + 1, here, &**k));
+            stack.push((child, depth + 1, here, k));
         }
-        if let Some((k, child)) = node.children.get_key_value(*level) {
-            stack.push((child, depth + 1, here, &**k));
+        if let Some((k, child)) = node.children.get_key_value(level) {
+            stack.push((child, depth + 1, here, k));
         }
     }
 }

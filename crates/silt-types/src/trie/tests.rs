@@ -139,8 +139,59 @@ fn remove_keeps_what_shares_the_path() {
     assert!(t.remove(&filt("a/b/c/d"), &1));
     assert_eq!(matched(&t, "a/b"), vec![2]);
     assert_eq!(matched(&t, "a/x"), vec![3]);
-    assert!(t.root.children["a"].children["b"].children.is_empty(), "c/d pruned below a/b");
+    assert!(t.root.children.get("a").unwrap().children.get("b").unwrap().children.is_empty(), "c/d pruned below a/b");
     assert!(t.remove(&filt("a/b"), &2));
     assert!(t.remove(&filt("a/x"), &3));
     assert!(t.root.children.is_empty());
+}
+
+fn wide_level() -> impl Strategy<Value = String> {
+    (0u8..12).prop_map(|i| char::from(b'a' + i).to_string())
+}
+
+proptest! {
+    /// Twelve names per level: nodes pass from a short list of children to a hash map (more
+    /// than `FEW`) as filters are added, and keep agreeing with the spec through removals.
+    #[test]
+    fn nodes_with_many_children_agree_with_spec_matcher_through_removals(
+        filters in prop::collection::vec(
+            (prop::collection::vec(prop_oneof![4 => wide_level(), 1 => Just("+".to_string())], 1..4), any::<bool>())
+                .prop_map(|(mut l, hash)| {
+                    if hash {
+                        l.push("#".into());
+                    }
+                    l.join("/")
+                }),
+            1..80,
+        ),
+        names in prop::collection::vec(prop::collection::vec(wide_level(), 1..4).prop_map(|l| l.join("/")), 1..20),
+        removed in prop::collection::vec(any::<bool>(), 80),
+    ) {
+        let mut t = TopicTrie::new();
+        for (i, f) in filters.iter().enumerate() {
+            t.insert(&filt(f), i);
+        }
+        for (i, f) in filters.iter().enumerate() {
+            if removed[i] {
+                prop_assert!(t.remove(&filt(f), &i));
+            }
+        }
+        for n in &names {
+            let mut got: Vec<usize> = t.matches(n).into_iter().map(|(_, v)| *v).collect();
+            got.sort();
+            let want: Vec<usize> = filters
+                .iter()
+                .enumerate()
+                .filter(|(i, f)| !removed[*i] && filter_matches(f, n))
+                .map(|(i, _)| i)
+                .collect();
+            prop_assert_eq!(got, want, "name {:?}", n);
+        }
+        for (i, f) in filters.iter().enumerate() {
+            if !removed[i] {
+                prop_assert!(t.remove(&filt(f), &i));
+            }
+        }
+        prop_assert!(t.is_empty() && t.root.children.is_empty(), "every node pruned");
+    }
 }
