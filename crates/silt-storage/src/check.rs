@@ -111,6 +111,7 @@ pub fn check_index(data_dir: &Path, config: &StorageConfig, progress: &dyn Fn(u6
     'segments: for (base, path) in &files {
         let seg = Segment::open(path.clone(), *base, true)?;
         let len = seg.len();
+        let mut window = seg.window(len);
         let mut at = SEGMENT_HEADER_LEN;
         while at < len {
             let pos = base.add(at);
@@ -118,7 +119,7 @@ pub fn check_index(data_dir: &Path, config: &StorageConfig, progress: &dyn Fn(u6
                 log_end = log_end.max(pos);
                 break 'segments;
             }
-            let total = match repair::check_at(&seg, at, len, max)? {
+            let total = match repair::check_at(&mut window, at, len, max)? {
                 Ok(Found::Batch(total)) => total,
                 Ok(Found::Gap(total)) => {
                     at += total;
@@ -126,13 +127,13 @@ pub fn check_index(data_dir: &Path, config: &StorageConfig, progress: &dyn Fn(u6
                 }
                 // A bad range (the batch check names it): what follows is checked on.
                 Err(_) => {
-                    let end = repair::bad_end(&seg, at, len, max)?.max(at + 1);
+                    let end = repair::bad_end(&mut window, at, len, max)?.max(at + 1);
                     bad.push((pos, base.add(end)));
                     at = end;
                     continue;
                 }
             };
-            if let Ok(view) = format::check_batch(seg.copy_at(at, total)?, max) {
+            if let Ok(view) = format::check_batch(window.copy_at(at, total)?, max) {
                 for &(off, rlen) in &view.records {
                     let rpos = pos.add(u64::from(off));
                     let bytes = &view.frame[off as usize..(off + rlen) as usize];

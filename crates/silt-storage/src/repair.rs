@@ -38,7 +38,7 @@ use silt_types::LogPosition;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self, FRAME_LEN, FrameKind, MIN_FRAME_LEN};
 use crate::log::ColdReader;
-use crate::segment::{self, Segment};
+use crate::segment::{self, Segment, Window};
 use crate::tail::TailCache;
 
 /// A walk checks at least this far past what a read needs, so sequential readers walk (and
@@ -149,15 +149,19 @@ pub(crate) fn ensure_all(seg: &Segment, limit: u64, fresh: bool, ctx: &Ctx<'_>) 
 /// between `need` and `ahead` are checked while they pass.
 fn walk(seg: &Segment, guard: &MutexGuard<'_, ()>, need: u64, ahead: u64, limit: u64, ctx: &Ctx<'_>) -> Result<()> {
     let mut at = seg.upto();
+    let mut window = seg.window(limit);
     while at < ahead.max(need) {
-        match check_at(seg, at, limit, ctx.max_batch)? {
+        match check_at(&mut window, at, limit, ctx.max_batch)? {
             Ok(Found::Batch(total)) => at += total,
             Ok(Found::Gap(total)) => {
                 seg.add_gap(guard, at, at + total);
                 at += total;
             }
             Err(_) if at >= need => break, // not needed yet: repaired when a read needs it
-            Err(reason) => at = repair(seg, guard, at, limit, ctx, &reason)?,
+            Err(reason) => {
+                at = repair(&mut window, guard, at, limit, ctx, &reason)?;
+                window.forget();
+            }
         }
         seg.set_upto(guard, at);
     }
@@ -166,7 +170,12 @@ fn walk(seg: &Segment, guard: &MutexGuard<'_, ()>, need: u64, ahead: u64, limit:
 
 /// Checks the frame at file offset `at`, `limit` being the readable length. The inner result
 /// says why the bytes are not a valid frame; the outer one is an I/O error.
-pub(crate) fn check_at(seg: &Segment, at: u64, limit: u64, max: usize) -> Result<std::result::Result<Found, String>> {
+pub(crate) fn check_at(
+    seg: &mut Window<'_>,
+    at: u64,
+    limit: u64,
+    max: usize,
+) -> Result<std::result::Result<Found, String>> {
     if limit - at < FRAME_LEN as u64 {
         return Ok(Err("partial frame header".into()));
     }
@@ -188,7 +197,7 @@ pub(crate) fn check_at(seg: &Segment, at: u64, limit: u64, max: usize) -> Result
 }
 
 /// Where the bad range starting at `at` ends (see the module documentation).
-pub(crate) fn bad_end(seg: &Segment, at: u64, limit: u64, max: usize) -> Result<u64> {
+pub(crate) fn bad_end(seg: &mut Window<'_>, at: u64, limit: u64, max: usize) -> Result<u64> {
     if limit - at >= FRAME_LEN as u64 {
         let head = seg.copy_at(at, FRAME_LEN as u64)?;
         if let Ok(Some(total)) = format::peek_frame(&head, max) {
@@ -200,7 +209,7 @@ pub(crate) fn bad_end(seg: &Segment, at: u64, limit: u64, max: usize) -> Result<
     }
     // A length field pointing exactly at the end is no evidence either way (a damaged one may
     // too): a valid batch found before the end wins.
-    Ok(resync(seg, at + MIN_FRAME_LEN as u64, limit, max)?.unwrap_or(limit))
+    Ok(resync(seg.segment(), at + MIN_FRAME_LEN as u64, limit, max)?.unwrap_or(limit))
 }
 
 /// The first offset in `[from, limit)` holding a valid batch.
@@ -228,7 +237,15 @@ fn resync(seg: &Segment, from: u64, limit: u64, max: usize) -> Result<Option<u64
 }
 
 /// Repairs the bad batch at `at`; returns the offset just past the repaired range.
-fn repair(seg: &Segment, guard: &MutexGuard<'_, ()>, at: u64, limit: u64, ctx: &Ctx<'_>, reason: &str) -> Result<u64> {
+fn repair(
+    window: &mut Window<'_>,
+    guard: &MutexGuard<'_, ()>,
+    at: u64,
+    limit: u64,
+    ctx: &Ctx<'_>,
+    reason: &str,
+) -> Result<u64> {
+    let seg = window.segment();
     let pos = seg.base.add(at);
     let room = limit - at;
     let good = match from_tail(ctx, pos, room) {
@@ -260,7 +277,7 @@ fn repair(seg: &Segment, guard: &MutexGuard<'_, ()>, at: u64, limit: u64, ctx: &
         );
         return Ok(at + frame.len() as u64);
     }
-    let end = bad_end(seg, at, limit, ctx.max_batch)?;
+    let end = bad_end(window, at, limit, ctx.max_batch)?;
     let q = quarantine(seg, guard, at, end, ctx.max_batch, ctx.quarantine_dir, reason)?;
     ctx.stats.count(&q);
     Ok(end)
