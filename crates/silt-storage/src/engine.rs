@@ -632,7 +632,7 @@ fn seed(index: &Index, seeds: &[(QueueName, Offset)], cursor: LogPosition) -> Re
         next_id += 1;
         batch.put_queue(&name.encode(), &crate::index::QueueMeta { id, since: cursor });
         let placeholder = IndexEntry { position: LogPosition(0), size: 0, timestamp: Timestamp(0) };
-        batch.put_entry(id, Offset(base.get() - 1), &placeholder);
+        batch.put_entries([(id, Offset(base.get() - 1), &placeholder)]);
     }
     batch.put_next_queue_id(next_id);
     batch.commit(cursor)

@@ -5,8 +5,14 @@
 //!   `next_queue_id` → u64 BE.
 //! - `registry`: encoded [`QueueName`] → queue id (u64 BE) ‖ since (u64 BE): the log position of
 //!   the record that created the queue (filter queues index only records after it).
-//! - `cq`: queue id (u64 BE) ‖ offset (u64 BE) → position (u64 LE) ‖ size (u32 LE) ‖ timestamp
-//!   (i64 LE). Big-endian keys make a queue one contiguous, ordered range.
+//! - `cq`: queue id (u64 BE) ‖ first offset (u64 BE) → a *block*: the entries of consecutive
+//!   offsets from there, each position (u64 LE) ‖ size (u32 LE) ‖ timestamp (i64 LE), at most
+//!   [`BLOCK_ENTRIES`] of them. Big-endian keys make a queue one contiguous, ordered range; a
+//!   reader finds the block holding an offset with one seek back from it. The dispatcher
+//!   writes one block per queue per round instead of one key per entry: a busy queue (a
+//!   wildcard filter under fan-in, a stream partition) gets one memtable insert, one key to
+//!   flush and compact, per round of up to [`BLOCK_ENTRIES`] records. An index written one
+//!   entry per key (before blocks) is read as blocks of one.
 //!
 //! Everything here is derived from the commitlog, which is the write-ahead log: writes go with
 //! RocksDB's WAL disabled, and `atomic_flush` keeps the checkpoint and the entries it covers
@@ -66,18 +72,29 @@ impl QueueName {
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut k = Vec::new();
         match self {
-            QueueName::Partition { stream, partition } => {
-                let mut k = Vec::with_capacity(1 + 2 + stream.len() + 4);
-                k.push(b'p');
-                k.extend_from_slice(&(stream.len() as u16).to_be_bytes());
-                k.extend_from_slice(stream.as_bytes());
-                k.extend_from_slice(&partition.get().to_be_bytes());
-                k
-            }
-            QueueName::Topic(t) => [b"t".as_slice(), t.as_bytes()].concat(),
-            QueueName::Filter(f) => [b"f".as_slice(), f.as_bytes()].concat(),
+            QueueName::Partition { stream, partition } => Self::partition_key_into(&mut k, stream, *partition),
+            QueueName::Topic(t) => Self::key_into(&mut k, b't', t),
+            QueueName::Filter(f) => Self::key_into(&mut k, b'f', f),
         }
+        k
+    }
+
+    /// [`Self::encode`] of a stream partition's queue into `k` (cleared first).
+    pub(crate) fn partition_key_into(k: &mut Vec<u8>, stream: &str, partition: Partition) {
+        k.clear();
+        k.push(b'p');
+        k.extend_from_slice(&(stream.len() as u16).to_be_bytes());
+        k.extend_from_slice(stream.as_bytes());
+        k.extend_from_slice(&partition.get().to_be_bytes());
+    }
+
+    /// [`Self::encode`] of a topic (`kind` `t`) or filter (`f`) queue into `k` (cleared first).
+    pub(crate) fn key_into(k: &mut Vec<u8>, kind: u8, name: &str) {
+        k.clear();
+        k.push(kind);
+        k.extend_from_slice(name.as_bytes());
     }
 }
 
@@ -133,6 +150,30 @@ impl QueueMeta {
             since: LogPosition(u64::from_be_bytes(v.get(8..16)?.try_into().ok()?)),
         })
     }
+}
+
+/// Most entries in one block (5 KiB): a reader of one entry reads its whole block.
+pub(crate) const BLOCK_ENTRIES: usize = 256;
+
+/// The offset a `cq` key names.
+fn key_offset(k: &[u8]) -> Offset {
+    Offset(u64::from_be_bytes(k[8..16].try_into().expect("invariant: 16-byte key")))
+}
+
+/// Whether `k` is a `cq` key of queue `id`.
+fn in_queue(k: &[u8], id: QueueId) -> bool {
+    k.len() == 16 && k[..8] == id.get().to_be_bytes()
+}
+
+/// How many entries a block holds; `None` for a value that is not one.
+fn block_len(v: &[u8]) -> Option<usize> {
+    (!v.is_empty() && v.len().is_multiple_of(IndexEntry::LEN)).then_some(v.len() / IndexEntry::LEN)
+}
+
+/// The entries of a block, one per offset from its key's; `None` for a value that is not one.
+fn block_entries(v: &[u8]) -> Option<impl Iterator<Item = IndexEntry> + '_> {
+    block_len(v)?;
+    Some(v.chunks_exact(IndexEntry::LEN).map(|c| IndexEntry::decode(c).expect("invariant: a whole entry")))
 }
 
 pub(crate) fn cq_key(id: QueueId, offset: Offset) -> [u8; 16] {
@@ -270,10 +311,12 @@ impl Index {
         let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_CQ), ro);
         it.seek_for_prev(cq_key(id, Offset(u64::MAX)));
         it.status()?;
-        Ok(it
-            .key()
-            .filter(|k| k.len() == 16 && k[..8] == id.get().to_be_bytes())
-            .map(|k| Offset(u64::from_be_bytes(k[8..].try_into().expect("invariant: 16-byte key")))))
+        let (Some(k), Some(v)) = (it.key(), it.value()) else { return Ok(None) };
+        if !in_queue(k, id) {
+            return Ok(None);
+        }
+        let count = block_len(v).unwrap_or(0) as u64;
+        Ok(count.checked_sub(1).map(|last| Offset(key_offset(k).get() + last)))
     }
 
     /// Offset of the first entry of a queue, if it has any.
@@ -287,16 +330,23 @@ impl Index {
         ro.set_iterate_upper_bound(cq_key(QueueId(id.get().saturating_add(1)), Offset(0)).to_vec());
         ro.set_prefix_same_as_start(true);
         let mut it = self.db.raw_iterator_cf_opt(self.cf(CF_CQ), ro);
-        it.seek(cq_key(id, from));
+        // The block holding `from` starts at or before it; none does if `from` lies before
+        // the queue's first entry.
+        it.seek_for_prev(cq_key(id, from));
+        if !it.key().is_some_and(|k| in_queue(k, id)) {
+            it.seek(cq_key(id, from));
+        }
         let mut out = Vec::with_capacity(max.min(1024));
         while it.valid() && out.len() < max {
             let (Some(k), Some(v)) = (it.key(), it.value()) else { break };
-            if k.len() != 16 || k[..8] != id.get().to_be_bytes() {
+            if !in_queue(k, id) {
                 break;
             }
-            let off = Offset(u64::from_be_bytes(k[8..].try_into().expect("invariant: 16-byte key")));
-            if let Some(e) = IndexEntry::decode(v) {
-                out.push((off, e));
+            let first = key_offset(k).get();
+            if let Some(entries) = block_entries(v) {
+                let skip = from.get().saturating_sub(first) as usize;
+                let entries = entries.enumerate().skip(skip).take(max - out.len());
+                out.extend(entries.map(|(i, e)| (Offset(first + i as u64), e)));
             }
             it.next();
         }
@@ -338,8 +388,30 @@ pub(crate) struct IndexBatch<'a> {
 }
 
 impl IndexBatch<'_> {
-    pub fn put_entry(&mut self, id: QueueId, offset: Offset, e: &IndexEntry) {
-        self.wb.put_cf(self.index.cf(CF_CQ), cq_key(id, offset), e.encode());
+    /// Puts consume-queue entries, given in key order (queue, then offset; the memtable inserts
+    /// them cheapest so), as blocks: each run of consecutive offsets of one queue, up to
+    /// [`BLOCK_ENTRIES`] at a time, becomes one key. A queue's entries already in the index
+    /// must end just before its run (blocks never overlap).
+    pub fn put_entries<'e>(&mut self, entries: impl IntoIterator<Item = (QueueId, Offset, &'e IndexEntry)>) {
+        let cf = self.index.cf(CF_CQ);
+        let mut block: Option<(QueueId, Offset)> = None;
+        let mut value = Vec::with_capacity(BLOCK_ENTRIES * IndexEntry::LEN);
+        for (id, offset, e) in entries {
+            let continues = block.is_some_and(|(bid, first)| {
+                bid == id && first.get() + (value.len() / IndexEntry::LEN) as u64 == offset.get()
+            });
+            if !continues || value.len() == BLOCK_ENTRIES * IndexEntry::LEN {
+                if let Some((bid, first)) = block {
+                    self.wb.put_cf(cf, cq_key(bid, first), &value);
+                }
+                block = Some((id, offset));
+                value.clear();
+            }
+            value.extend_from_slice(&e.encode());
+        }
+        if let Some((bid, first)) = block {
+            self.wb.put_cf(cf, cq_key(bid, first), &value);
+        }
     }
 
     pub fn put_queue(&mut self, key: &[u8], meta: &QueueMeta) {
@@ -366,5 +438,57 @@ impl IndexBatch<'_> {
         wo.disable_wal(true);
         self.index.db.write_opt(self.wb, &wo)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(i: u64) -> IndexEntry {
+        IndexEntry { position: LogPosition(1000 + 7 * i), size: i as u32, timestamp: Timestamp(i as i64) }
+    }
+
+    #[test]
+    fn blocks_answer_every_offset_as_one_entry_per_key_did() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = Index::open(dir.path(), &StorageConfig::default()).unwrap();
+        let (a, b, c) = (QueueId(1), QueueId(2), QueueId(3));
+        // Queue `a`: entries 0..3 one key each (as indexes before blocks hold them), then a
+        // round of 600 (three blocks: 256, 256, 88), then a round of 5. Queue `b` between
+        // them in key order, queue `c` empty.
+        let mut raw = index.batch();
+        for i in 0..3 {
+            raw.wb.put_cf(index.cf(CF_CQ), cq_key(a, Offset(i)), entry(i).encode());
+        }
+        raw.commit(LogPosition(1)).unwrap();
+        let round = |entries: Vec<(QueueId, u64)>| {
+            let entries: Vec<(QueueId, Offset, IndexEntry)> =
+                entries.into_iter().map(|(q, o)| (q, Offset(o), entry(o))).collect();
+            let mut batch = index.batch();
+            batch.put_entries(entries.iter().map(|(q, o, e)| (*q, *o, e)));
+            batch.commit(LogPosition(2)).unwrap();
+        };
+        round((3..603).map(|o| (a, o)).chain((0..10).map(|o| (b, o))).collect());
+        round((603..608).map(|o| (a, o)).collect());
+        assert_eq!(index.last_offset(a).unwrap(), Some(Offset(607)));
+        assert_eq!(index.first_offset(a).unwrap(), Some(Offset(0)));
+        assert_eq!(index.last_offset(b).unwrap(), Some(Offset(9)));
+        assert_eq!((index.last_offset(c).unwrap(), index.first_offset(c).unwrap()), (None, None));
+        assert!(index.read(c, Offset(0), 10).unwrap().is_empty());
+        for from in 0..612 {
+            for max in [1, 2, 255, 300, 1000] {
+                let got = index.read(a, Offset(from), max).unwrap();
+                let want: Vec<(Offset, IndexEntry)> = (from..608).take(max).map(|o| (Offset(o), entry(o))).collect();
+                assert_eq!(got, want, "from {from}, max {max}");
+            }
+        }
+        assert_eq!(index.read(b, Offset(4), 100).unwrap().len(), 6);
+        // A dropped queue's blocks go with it.
+        let mut drop = index.batch();
+        drop.delete_queue(b"ta", a);
+        drop.commit(LogPosition(3)).unwrap();
+        assert_eq!(index.last_offset(a).unwrap(), None);
+        assert_eq!(index.read(b, Offset(0), 100).unwrap().len(), 10);
     }
 }
