@@ -115,22 +115,24 @@ impl Span {
 
 /// Builds the footer of a sealed segment (`bytes` = the whole file, header included).
 pub fn build(base: u64, bytes: &Bytes, max_batch_bytes: usize) -> Result<Footer, String> {
-    let mut source = bytes.clone();
-    let len = bytes.len() as u64;
-    let read = move |n: usize| -> Result<Bytes, String> {
-        if n > source.len() {
-            return Err("short read".into());
-        }
-        Ok(source.split_to(n))
+    let mut source = &bytes[..];
+    let read = move |buf: &mut [u8]| -> Result<usize, String> {
+        let n = buf.len().min(source.len());
+        buf[..n].copy_from_slice(&source[..n]);
+        source = &source[n..];
+        Ok(n)
     };
-    scan(base, len, max_batch_bytes, &[], read, &|_, _| false, &mut |_| Ok(()))
+    let len = bytes.len() as u64;
+    scan(base, len, max_batch_bytes, &[], Chunks::new(read, CHUNK), &|_, _| false, &mut |_| Ok(()))
 }
 
 /// Scans the sealed segment file at `path` (`len` bytes) once: checks every batch, builds the
-/// footer, and hands the object's bytes to `emit` in order — each batch as stored, or, when
-/// one of its records is volatile or `withhold(topic, stream)` says so, re-encoded with those
-/// records replaced by same-length stand-ins (`Record::withhold`). Reads 4 MiB at a time, so memory
-/// stays at one read plus one batch whatever the segment size. `gaps` are quarantined ranges
+/// footer, and hands the object's bytes to `emit` in order: the batches as stored, or, when
+/// one of a batch's records is volatile or `withhold(topic, stream)` says so, that batch
+/// re-encoded with those records replaced by same-length stand-ins (`Record::withhold`).
+/// Reads [`CHUNK`] bytes at a time, and batches stored as they are leave in runs of up to
+/// [`EMIT`] bytes (slices of the chunk, not copies), so memory stays at a chunk or two plus
+/// what `emit`'s receiver holds, whatever the segment size. `gaps` are quarantined ranges
 /// (object offsets) known from elsewhere, passed through unparsed.
 pub fn scan_file(
     path: &std::path::Path,
@@ -143,69 +145,133 @@ pub fn scan_file(
 ) -> Result<Footer, String> {
     use std::io::Read;
     let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut buf = bytes::BytesMut::new();
-    let read = |n: usize| -> Result<Bytes, String> {
-        while buf.len() < n {
-            let want = (4usize << 20).max(n - buf.len());
-            let start = buf.len();
-            buf.resize(start + want, 0);
-            let got = file.read(&mut buf[start..]).map_err(|e| format!("{}: {e}", path.display()))?;
-            buf.truncate(start + got);
-            if got == 0 {
-                return Err(format!("{}: ends early", path.display()));
-            }
-        }
-        Ok(buf.split_to(n).freeze())
-    };
-    scan(base, len, max_batch_bytes, gaps, read, withhold, emit)
+    let read = |buf: &mut [u8]| file.read(buf).map_err(|e| format!("{}: {e}", path.display()));
+    scan(base, len, max_batch_bytes, gaps, Chunks::new(read, CHUNK), withhold, emit)
+        .map_err(|e| if e == ENDS_EARLY { format!("{}: ends early", path.display()) } else { e })
 }
 
-/// The scan behind [`build`] and [`scan_file`]: `read(n)` returns the next `n` bytes.
-fn scan(
+/// Bytes read from a segment file at a time.
+const CHUNK: usize = 4 << 20;
+/// Most bytes handed to `emit` at once.
+const EMIT: usize = 1 << 20;
+const ENDS_EARLY: &str = "the segment ends early";
+
+/// A segment's bytes read in chunks: a batch is a slice of the current chunk (one that
+/// straddles two reads is copied once, into the next chunk), and the batches passed on as
+/// they are leave as runs, slices of the chunk: one `emit` per run, not per batch (a segment
+/// of small batches holds half a million).
+struct Chunks<R> {
+    read: R,
+    size: usize,
+    cur: Bytes,
+    /// Where the next batch starts in `cur`, and where the run not yet emitted starts.
+    pos: usize,
+    run: usize,
+}
+
+impl<R: FnMut(&mut [u8]) -> Result<usize, String>> Chunks<R> {
+    fn new(read: R, size: usize) -> Self {
+        Self { read, size, cur: Bytes::new(), pos: 0, run: 0 }
+    }
+
+    /// The next `n` bytes, without taking them: emits the run first if it must read.
+    fn peek(&mut self, n: usize, emit: &mut dyn FnMut(Bytes) -> Result<(), String>) -> Result<&[u8], String> {
+        if self.cur.len() - self.pos < n {
+            self.flush(emit)?;
+            let mut next = bytes::BytesMut::with_capacity(self.size.max(n));
+            next.extend_from_slice(&self.cur[self.pos..]);
+            while next.len() < n {
+                let start = next.len();
+                next.resize(next.capacity(), 0);
+                let got = (self.read)(&mut next[start..])?;
+                next.truncate(start + got);
+                if got == 0 {
+                    return Err(ENDS_EARLY.into());
+                }
+            }
+            self.cur = next.freeze();
+            (self.pos, self.run) = (0, 0);
+        }
+        Ok(&self.cur[self.pos..self.pos + n])
+    }
+
+    /// Takes the next `n` bytes (peeked before) into the run: they leave as they are.
+    fn keep(&mut self, n: usize, emit: &mut dyn FnMut(Bytes) -> Result<(), String>) -> Result<(), String> {
+        self.pos += n;
+        if self.pos - self.run >= EMIT {
+            self.flush(emit)?;
+        }
+        Ok(())
+    }
+
+    /// The next `n` bytes (peeked before), taken out of the run: the caller emits something
+    /// in their place.
+    fn take(&mut self, n: usize, emit: &mut dyn FnMut(Bytes) -> Result<(), String>) -> Result<Bytes, String> {
+        self.flush(emit)?;
+        let out = self.cur.slice(self.pos..self.pos + n);
+        self.pos += n;
+        self.run = self.pos;
+        Ok(out)
+    }
+
+    /// Emits the run.
+    fn flush(&mut self, emit: &mut dyn FnMut(Bytes) -> Result<(), String>) -> Result<(), String> {
+        if self.pos > self.run {
+            emit(self.cur.slice(self.run..self.pos))?;
+            self.run = self.pos;
+        }
+        Ok(())
+    }
+}
+
+/// The scan behind [`build`] and [`scan_file`].
+fn scan<R: FnMut(&mut [u8]) -> Result<usize, String>>(
     base: u64,
     len: u64,
     max_batch_bytes: usize,
     gaps: &[(u64, u64)],
-    mut read: impl FnMut(usize) -> Result<Bytes, String>,
+    mut src: Chunks<R>,
     withhold: &dyn Fn(&str, &str) -> bool,
     emit: &mut dyn FnMut(Bytes) -> Result<(), String>,
 ) -> Result<Footer, String> {
     let mut topics: BTreeMap<String, Span> = BTreeMap::new();
-    let mut partitions: BTreeMap<String, Span> = BTreeMap::new();
+    // By stream, then partition: no name is formatted per record.
+    let mut partitions: BTreeMap<String, BTreeMap<u32, Span>> = BTreeMap::new();
     let mut footer = Footer { format: 1, base, end: base + len, ..Footer::default() };
     let mut first = true;
     if len < SEGMENT_HEADER_LEN {
         return Err(format!("segment at {base} is shorter than its header"));
     }
-    let header = read(SEGMENT_HEADER_LEN as usize)?;
-    format::check_segment_header(&header).map_err(|e| format!("segment at {base}: {e}"))?;
-    emit(header)?;
+    let header = src.peek(SEGMENT_HEADER_LEN as usize, emit)?;
+    format::check_segment_header(header).map_err(|e| format!("segment at {base}: {e}"))?;
+    src.keep(SEGMENT_HEADER_LEN as usize, emit)?;
     let mut at = SEGMENT_HEADER_LEN;
     while at < len {
         if let Some(&(_, end)) = gaps.iter().find(|(s, e)| *s == at && *e > at && *e <= len) {
             push_gap(&mut footer.gaps, (at, end));
             while at < end {
-                let n = (4u64 << 20).min(end - at);
-                emit(read(n as usize)?)?;
-                at += n;
+                let n = (EMIT as u64).min(end - at) as usize;
+                src.peek(n, emit)?;
+                src.keep(n, emit)?;
+                at += n as u64;
             }
             continue;
         }
-        let head = read((format::FRAME_LEN as u64).min(len - at) as usize)?;
-        let total = format::peek_frame(&head, max_batch_bytes)
+        let head = src.peek((format::FRAME_LEN as u64).min(len - at) as usize, emit)?;
+        let total = format::peek_frame(head, max_batch_bytes)
             .map_err(|e| format!("segment at {base}, offset {at}: {e}"))?
             .ok_or_else(|| format!("segment at {base}: partial frame at offset {at}"))? as u64;
         if at + total > len {
             return Err(format!("segment at {base}: batch at offset {at} runs past the end"));
         }
-        let rest = read((total - head.len() as u64) as usize)?;
-        let frame = Bytes::from([head.as_ref(), rest.as_ref()].concat());
+        src.peek(total as usize, emit)?;
+        let frame = src.cur.slice(src.pos..src.pos + total as usize);
         let view =
             format::check_batch(frame, max_batch_bytes).map_err(|e| format!("segment at {base}, offset {at}: {e}"))?;
         let range = (at, at + total);
         if view.gap {
             push_gap(&mut footer.gaps, range);
-            emit(view.frame)?;
+            src.keep(total as usize, emit)?;
             at += total;
             continue;
         }
@@ -236,19 +302,31 @@ fn scan(
                 span(&mut topics, head.topic).add(range, u64::from(rlen), ts);
             }
             if !head.stream.is_empty() {
-                let name = format!("{}/{}", head.stream, head.partition.get());
-                span(&mut partitions, &name).add(range, u64::from(rlen), ts);
+                let by_partition = match partitions.get_mut(head.stream) {
+                    Some(p) => p,
+                    None => partitions.entry(head.stream.to_owned()).or_default(),
+                };
+                by_partition
+                    .entry(head.partition.get())
+                    .or_insert_with(|| Span {
+                        name: format!("{}/{}", head.stream, head.partition.get()),
+                        ..Span::default()
+                    })
+                    .add(range, u64::from(rlen), ts);
             }
         }
         if withheld.is_empty() {
-            emit(view.frame)?;
+            src.keep(total as usize, emit)?;
         } else {
+            src.take(total as usize, emit)?;
             emit(withhold_records(&view, &withheld, max_batch_bytes, base)?)?;
         }
         at += total;
     }
+    src.flush(emit)?;
     footer.topics = topics.into_values().collect();
-    footer.partitions = partitions.into_values().collect();
+    footer.partitions = partitions.into_values().flat_map(BTreeMap::into_values).collect();
+    footer.partitions.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(footer)
 }
 
@@ -366,5 +444,85 @@ mod tests {
         let json = &all[all.len() - TRAILER_LEN - n..all.len() - TRAILER_LEN];
         assert_eq!(decode(json).unwrap(), f);
         assert!(footer_len(b"not a trailer").is_err());
+    }
+
+    /// A segment of many small batches, one in ten holding a record of the withheld topic
+    /// `secret/x`: the file's bytes and what the object must hold.
+    fn segment_with_secrets(batches: usize) -> (Vec<u8>, Vec<u8>) {
+        let mut file = format::segment_header().to_vec();
+        let mut object = file.clone();
+        for i in 0..batches {
+            let topic = if i % 10 == 3 { "secret/x" } else { "open/x" };
+            let b = format::encode_batch(&[rec("s", topic, i as i64, "payload")], 1 << 20).unwrap();
+            file.extend_from_slice(&b.frame);
+            let view = format::check_batch(Bytes::from(b.frame), 1 << 20).unwrap();
+            match topic {
+                "secret/x" => object.extend_from_slice(&withhold_records(&view, &[0], 1 << 20, 0).unwrap()),
+                _ => object.extend_from_slice(&view.frame),
+            }
+        }
+        (file, object)
+    }
+
+    fn scan_in_chunks(file: &[u8], chunk: usize) -> (Footer, Vec<Bytes>) {
+        let mut source = file;
+        let read = |buf: &mut [u8]| -> Result<usize, String> {
+            let n = buf.len().min(source.len());
+            buf[..n].copy_from_slice(&source[..n]);
+            source = &source[n..];
+            Ok(n)
+        };
+        let mut emitted = Vec::new();
+        let withhold = |topic: &str, _: &str| topic.starts_with("secret/");
+        let footer = scan(0, file.len() as u64, 1 << 20, &[], Chunks::new(read, chunk), &withhold, &mut |b| {
+            emitted.push(b);
+            Ok(())
+        })
+        .unwrap();
+        (footer, emitted)
+    }
+
+    #[test]
+    fn the_object_holds_every_batch_with_withheld_records_replaced_whatever_the_chunk_size() {
+        let (file, object) = segment_with_secrets(500);
+        let whole = build(0, &Bytes::from(file.clone()), 1 << 20).unwrap();
+        // Chunks smaller than a batch, not a multiple of it, and larger than the file.
+        for chunk in [7, 100, 1000, 4096, 1 << 20] {
+            let (footer, emitted) = scan_in_chunks(&file, chunk);
+            assert_eq!(emitted.concat(), object, "chunk {chunk}");
+            assert_eq!((footer.records, footer.withheld), (500, 50), "chunk {chunk}");
+            assert_eq!(footer.topics, whole.topics, "chunk {chunk}");
+            assert_eq!(footer.partitions, whole.partitions, "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn batches_stored_as_they_are_leave_in_runs_not_one_by_one() {
+        let (file, object) = segment_with_secrets(500);
+        let (_, emitted) = scan_in_chunks(&file, CHUNK);
+        assert_eq!(emitted.concat(), object);
+        // Each withheld batch is emitted alone and splits the run around it: 50 of them, so
+        // 101 pieces, where one per batch would be 501.
+        assert_eq!(emitted.len(), 101);
+        // Without withheld records the whole segment (under 1 MiB) is one piece.
+        let plain: Vec<u8> = [format::segment_header().to_vec()]
+            .into_iter()
+            .chain((0..500).map(|i| format::encode_batch(&[rec("s", "open/x", i, "p")], 1 << 20).unwrap().frame))
+            .collect::<Vec<Vec<u8>>>()
+            .concat();
+        let (_, emitted) = scan_in_chunks(&plain, CHUNK);
+        assert_eq!(emitted, vec![Bytes::from(plain)]);
+    }
+
+    #[test]
+    fn a_partition_span_is_named_stream_slash_partition_and_listed_in_name_order() {
+        let mut seg = format::segment_header().to_vec();
+        for p in [10u32, 2, 1] {
+            let r = Record { partition: Partition(p), ..rec("a", "a/x", 1, "v") };
+            seg.extend_from_slice(&format::encode_batch(&[r], 1 << 20).unwrap().frame);
+        }
+        let f = build(0, &Bytes::from(seg), 1 << 20).unwrap();
+        let names: Vec<&str> = f.partitions.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a/1", "a/10", "a/2"]);
     }
 }

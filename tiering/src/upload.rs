@@ -12,7 +12,6 @@ impl Inner {
     /// from a tail object or quarantined behind a gap batch); `fresh` checks again batches
     /// checked before (after a failed attempt).
     pub(crate) async fn upload(&self, seg: &SealedSegment, fresh: bool) -> Result<(), Error> {
-        let len = seg.end.get() - seg.base.get();
         let max_batch = self.storage().config().max_batch_bytes as usize;
         let base = seg.base.get();
         let (storage, checked) = (self.storage().clone(), seg.clone());
@@ -22,35 +21,18 @@ impl Inner {
             .into_iter()
             .map(|(p, n)| (p.get() - base, p.get() - base + n))
             .collect();
-        // First pass: check every batch and build the footer. A failure here is local (the
-        // file changed since the check?): the caller retries.
-        let (file, policies, known) = (seg.path.clone(), self.policies.clone(), gaps.clone());
-        let mut footer = tokio::task::spawn_blocking(move || {
-            let withhold = |t: &str, st: &str| policies.withholds(t, st);
-            footer::scan_file(&file, base, len, max_batch, &known, &withhold, &mut |_| Ok(()))
-        })
-        .await
-        .map_err(|e| Error::Recovery(e.to_string()))?
-        .map_err(Error::Recovery)?;
-        let storage = self.storage().clone();
-        storage.wait_dispatched(seg.end).await?;
-        let (from, to) = (seg.base, seg.end);
-        let spans_of = footer.clone();
-        footer.queues = tokio::task::spawn_blocking(move || queue_spans(&storage, &spans_of, from, to))
-            .await
-            .map_err(|e| Error::Recovery(e.to_string()))??;
         let key = format!("segments/{base:020}-{:08}.seg", self.epoch);
-        let tail = footer::encode_tail(&footer);
-        let size = len + tail.len() as u64;
         let path = Path::from(key.as_str());
-        retry("upload segment", || self.put_object(seg, &path, tail.clone(), max_batch, &gaps)).await.map_err(|e| {
-            match e {
+        let (footer, size) =
+            retry("upload segment", || self.put_object(seg, &path, max_batch, &gaps)).await.map_err(|e| match e {
                 object_store::Error::Generic { store, source } if store == LOCAL_SEGMENT => {
-                    Error::Recovery(format!("reading {}: {source}", seg.path.display()))
+                    match source.downcast::<Error>() {
+                        Ok(e) => *e,
+                        Err(source) => Error::Recovery(format!("reading {}: {source}", seg.path.display())),
+                    }
                 }
                 e => Error::Store(e),
-            }
-        })?;
+            })?;
         self.puts.fetch_add(1, Ordering::Relaxed);
         self.put_bytes.fetch_add(size, Ordering::Relaxed);
         let entry = ObjectEntry {
@@ -97,19 +79,23 @@ impl Inner {
         Ok(())
     }
 
-    /// One attempt at writing a segment object: a second pass over the file streams the
-    /// (withheld where needed) bytes to the store, then the footer.
+    /// One attempt at writing a segment object, in one pass over the file: the scan checks
+    /// every batch and builds the footer while it streams the (withheld where needed) bytes to
+    /// the store; then the footer is completed from the index (where each queue's entries
+    /// start) and written last. Returns the footer and the object's size. A failure to read
+    /// the local segment or the index is a `LOCAL_SEGMENT` error (permanent: the caller
+    /// retries the upload as a whole); its source is the [`Error`] when it has one.
     async fn put_object(
         &self,
         seg: &SealedSegment,
         path: &Path,
-        tail: Bytes,
         max_batch: usize,
         gaps: &[(u64, u64)],
-    ) -> Result<(), object_store::Error> {
+    ) -> Result<(footer::Footer, u64), object_store::Error> {
         let len = seg.end.get() - seg.base.get();
         let part = self.cfg.multipart_part_bytes;
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+        // A few runs of batches (up to 1 MiB each) in flight between the scan and the store.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
         let (file, policies, base, gaps) = (seg.path.clone(), self.policies.clone(), seg.base.get(), gaps.to_vec());
         let scan = tokio::task::spawn_blocking(move || {
             let withhold = |t: &str, st: &str| policies.withholds(t, st);
@@ -117,14 +103,17 @@ impl Inner {
             footer::scan_file(&file, base, len, max_batch, &gaps, &withhold, &mut emit)
         });
         let local = |e: String| object_store::Error::Generic { store: LOCAL_SEGMENT, source: e.into() };
-        if len + tail.len() as u64 <= part {
+        if len <= part {
             let mut pieces = Vec::new();
             while let Some(b) = rx.recv().await {
                 pieces.push(b);
             }
-            scan.await.map_err(|e| local(e.to_string()))?.map_err(local)?;
+            let footer = scan.await.map_err(|e| local(e.to_string()))?.map_err(local)?;
+            let (footer, tail) = self.complete_footer(seg, footer).await?;
+            let size = len + tail.len() as u64;
             pieces.push(tail);
-            return self.store.put(path, PutPayload::from_iter(pieces)).await.map(|_| ());
+            self.store.put(path, PutPayload::from_iter(pieces)).await?;
+            return Ok((footer, size));
         }
         let mut w = WriteMultipart::new_with_chunk_size(self.store.put_multipart(path).await?, part as usize);
         let mut failed = None;
@@ -137,12 +126,43 @@ impl Inner {
         }
         drop(rx); // stops the scan if the upload failed
         let scanned = scan.await.map_err(|e| local(e.to_string())).and_then(|r| r.map_err(local));
-        if let Some(e) = failed.or(scanned.err()) {
-            let _ = w.abort().await;
-            return Err(e);
-        }
+        let completed = match (failed, scanned) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(footer)) => self.complete_footer(seg, footer).await,
+        };
+        let (footer, tail) = match completed {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = w.abort().await;
+                return Err(e);
+            }
+        };
+        let size = len + tail.len() as u64;
         w.put(tail);
-        w.finish().await.map(|_| ())
+        w.finish().await?;
+        Ok((footer, size))
+    }
+
+    /// Fills in where each consume queue's entries in the segment start (from the index, once
+    /// the segment is dispatched) and encodes the footer into the object's tail.
+    async fn complete_footer(
+        &self,
+        seg: &SealedSegment,
+        mut footer: footer::Footer,
+    ) -> Result<(footer::Footer, Bytes), object_store::Error> {
+        let local = |e: Error| object_store::Error::Generic { store: LOCAL_SEGMENT, source: Box::new(e) };
+        let storage = self.storage().clone();
+        storage.wait_dispatched(seg.end).await.map_err(|e| local(e.into()))?;
+        let (from, to) = (seg.base, seg.end);
+        let footer = tokio::task::spawn_blocking(move || {
+            footer.queues = queue_spans(&storage, &footer, from, to)?;
+            Ok::<_, Error>(footer)
+        })
+        .await
+        .map_err(|e| local(Error::Recovery(e.to_string())))?
+        .map_err(local)?;
+        let tail = footer::encode_tail(&footer);
+        Ok((footer, tail))
     }
 }
 
