@@ -103,6 +103,8 @@ pub struct Broker {
     pub(crate) extra_stats: OnceLock<ExtraStats>,
     /// Serializes dumps of the internal streams.
     dump_lock: tokio::sync::Mutex<()>,
+    /// Messages decoded for one subscriber, shared with the others.
+    pub(crate) decoded: crate::decoded::Decoded,
 }
 
 /// Extra `$SYS/broker/{name}` figures, produced on each statistics tick.
@@ -189,7 +191,7 @@ impl Broker {
             let mut subs = Subscriptions::default();
             for st in snap.subscriptions {
                 let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
-                subs.subs.insert(st.filter.clone(), Subscription::new(st, queue_for(&f)));
+                subs.subs.insert(st.filter.clone(), Box::new(Subscription::new(st, queue_for(&f))));
             }
             if let Some((_, f)) = parse_shared(&key) {
                 *state.filter_refs.entry(f.as_str().to_owned()).or_default() += 1;
@@ -217,14 +219,14 @@ impl Broker {
                     let Some(g) = state.groups.get(key) else { continue };
                     g.try_lock().expect("invariant: no other user at start-up").subs.hold(&o.settles(), o.entry());
                 }
-                s.outbound_qos2.insert(o.packet_id, o);
+                s.outbound_qos2.insert(o);
             }
             // A session that was connected when the broker stopped is offline from now on.
             s.disconnected_at = Some(snap.disconnected_at.map_or(now, Timestamp));
             for st in snap.subscriptions.into_iter().filter(|st| !too_deep(&st.filter)) {
                 let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
                 *state.filter_refs.entry(st.filter.clone()).or_default() += 1;
-                s.subs.subs.insert(st.filter.clone(), Subscription::new(st, queue_for(&f)));
+                s.subs.subs.insert(st.filter.clone(), Box::new(Subscription::new(st, queue_for(&f))));
             }
             state.sessions.insert(id, Arc::new(tokio::sync::Mutex::new(s)));
         }
@@ -285,6 +287,7 @@ impl Broker {
             sys_figures: Mutex::new(HashMap::new()),
             extra_stats: OnceLock::new(),
             dump_lock: tokio::sync::Mutex::new(()),
+            decoded: Default::default(),
         }))
     }
 
@@ -435,7 +438,7 @@ impl Broker {
                     settled: Vec::new(),
                 };
                 let mut subs = Subscriptions::default();
-                subs.subs.insert(filter.as_str().to_owned(), Subscription::new(state, queue_for(&filter)));
+                subs.subs.insert(filter.as_str().to_owned(), Box::new(Subscription::new(state, queue_for(&filter))));
                 let g = Arc::new(tokio::sync::Mutex::new(SharedGroup {
                     key: key.to_owned(),
                     subs,
@@ -544,7 +547,7 @@ impl Broker {
             *self.state().filter_refs.entry(filter.as_str().to_owned()).or_default() += 1;
             state.cursor = end.get();
             state.sent = end.get();
-            session.subs.subs.insert(filter.as_str().to_owned(), Subscription::new(state, queue));
+            session.subs.subs.insert(filter.as_str().to_owned(), Box::new(Subscription::new(state, queue)));
             // A replaced subscription is already routed; routing it again would count it twice.
             self.router.add(conn, notify, filter);
         }
@@ -599,8 +602,7 @@ impl Broker {
             let mut g = session.lock().await;
             let filters: Vec<String> = std::mem::take(&mut g.subs.subs).into_keys().collect();
             let shared: Vec<String> = std::mem::take(&mut g.shared).into_keys().collect();
-            let mut held: Vec<_> =
-                std::mem::take(&mut g.outbound_qos2).into_values().filter(|o| o.group.is_some()).collect();
+            let mut held: Vec<_> = g.outbound_qos2.take().into_iter().filter(|o| o.group.is_some()).collect();
             held.sort_unstable_by_key(|o| o.packet_id);
             (g.client_id.clone(), filters, g.persistent(), shared, held)
         };

@@ -5,6 +5,7 @@
 //!   a bounded verifier pool, mosquitto-style ACLs, session ownership, anonymous policy.
 //! - [`message`]: an MQTT message as a log record (routing: first level = stream) and back.
 //! - [`session`]: subscriptions with cursors over consume queues; log-order merge; snapshots.
+//! - `decoded`: messages decoded once for every subscriber a record is delivered to.
 //! - [`retained`]: retained messages, a topic trie walked by filter, persisted in the log.
 //! - [`broker`]: the session registry, the dispatch-driven router, publish path, expiry.
 //! - `connection`: one MQTT connection (3.1, 3.1.1, 5.0): the tokio driver of the sans-I/O
@@ -23,6 +24,7 @@ pub use silt_auth as auth;
 pub mod broker;
 mod config;
 mod connection;
+mod decoded;
 pub mod listeners;
 pub mod message;
 pub mod retained;

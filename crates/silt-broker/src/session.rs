@@ -344,7 +344,8 @@ impl Subscription {
 /// One message chosen for delivery, with the queue offsets it settles when acknowledged.
 #[derive(Debug)]
 pub struct Outgoing {
-    pub message: Message,
+    /// Shared with the other subscribers it goes to.
+    pub message: Arc<Message>,
     pub position: LogPosition,
     pub entry: IndexEntry,
     pub qos: u8,
@@ -358,7 +359,9 @@ pub struct Outgoing {
 /// Subscriptions of a session and their merge.
 #[derive(Debug, Default)]
 pub struct Subscriptions {
-    pub subs: BTreeMap<String, Subscription>,
+    /// Boxed: a subscription's state is a few hundred bytes, and a B-tree leaf holds room for
+    /// eleven of them inline even when the session has one.
+    pub subs: BTreeMap<String, Box<Subscription>>,
     /// Records read off the runtime for buffered entries, by position, until merged.
     prefetched: BTreeMap<LogPosition, silt_storage::Result<Record>>,
 }
@@ -452,6 +455,19 @@ impl Subscriptions {
         now: Timestamp,
         max: usize,
     ) -> silt_storage::Result<Pulled> {
+        self.pull_shared(storage, None, client_id, now, max)
+    }
+
+    /// [`Self::pull`], sharing the messages it decodes with other subscribers through
+    /// `decoded` (see the `decoded` module).
+    pub(crate) fn pull_shared(
+        &mut self,
+        storage: &Storage,
+        decoded: Option<&crate::decoded::Decoded>,
+        client_id: &str,
+        now: Timestamp,
+        max: usize,
+    ) -> silt_storage::Result<Pulled> {
         let limit = storage.dispatched();
         let mut out = Vec::new();
         let mut reads = Reads::default();
@@ -472,14 +488,21 @@ impl Subscriptions {
                 drop(first.remove()); // read for entries given back or skipped meanwhile
             }
             let read = match self.prefetched.remove(&head) {
-                Some(r) => r,
-                None => match storage.read_record_cached(&entry) {
-                    Some(r) => r,
-                    None => {
-                        reads.records = self.uncached(storage);
-                        break;
+                Some(r) => r.map(|r| Arc::new(Message::from_record(r))),
+                None => {
+                    let from_memory = || storage.read_record_cached(&entry).map(|r| r.map(Message::from_record));
+                    let read = match decoded {
+                        Some(d) => d.get_or(head, from_memory),
+                        None => from_memory().map(|r| r.map(Arc::new)),
+                    };
+                    match read {
+                        Some(r) => r,
+                        None => {
+                            reads.records = self.uncached(storage);
+                            break;
+                        }
                     }
-                },
+                }
             };
             let mut matched: Vec<(&mut Subscription, Offset, IndexEntry)> = Vec::new();
             for s in self.subs.values_mut() {
@@ -491,8 +514,8 @@ impl Subscriptions {
             // Gone records (retention raced the read, or a `tier = "local"` message lost with
             // the disk) are skipped like expired ones: the cursors move past them.
             let (message, gone) = match read {
-                Ok(r) => (Message::from_record(r), false),
-                Err(e) if e.kind() == silt_storage::ErrorKind::Expired => (Message::default(), true),
+                Ok(m) => (m, false),
+                Err(e) if e.kind() == silt_storage::ErrorKind::Expired => (Arc::new(Message::default()), true),
                 Err(e) => return Err(e),
             };
             let expired = gone || message.remaining_expiry(now) == Some(0);
@@ -680,7 +703,7 @@ impl Subscriptions {
     }
 
     pub fn states(&self) -> Vec<SubscriptionState> {
-        self.subs.values().map(Subscription::snapshot_state).collect()
+        self.subs.values().map(|s| s.snapshot_state()).collect()
     }
 }
 
@@ -700,11 +723,8 @@ pub struct Session {
     pub disconnected_at: Option<Timestamp>,
     /// Cursors moved since the last snapshot.
     pub dirty: bool,
-    /// Outbound QoS 1/2 deliveries not yet completed, by packet id. A hash map: one entry is
-    /// added per QoS 1/2 delivery and removed at its acknowledgement, oldest first, which in a
-    /// B-tree shifts the rest of a leaf (112-byte values) each time; ordered reads use
-    /// [`Session::outbound_in_order`].
-    pub outbound_qos2: std::collections::HashMap<u16, crate::session::OutboundQos2>,
+    /// Outbound QoS 1/2 deliveries not yet completed (see [`OutboundInFlight`]).
+    pub outbound_qos2: OutboundInFlight,
     /// Shared-subscription memberships by `$share/{group}/{filter}`.
     pub shared: std::collections::BTreeMap<String, SharedMembership>,
     /// Who the session belongs to; `None` only for a session restored from a snapshot that
@@ -746,7 +766,7 @@ impl Session {
             inbound_qos2: BTreeSet::new(),
             disconnected_at: None,
             dirty: false,
-            outbound_qos2: std::collections::HashMap::new(),
+            outbound_qos2: OutboundInFlight::default(),
             shared: std::collections::BTreeMap::new(),
             owner: None,
         }
@@ -771,7 +791,7 @@ impl Session {
 
     /// The outbound QoS 1/2 deliveries in flight, by packet id.
     pub fn outbound_in_order(&self) -> Vec<OutboundQos2> {
-        let mut list: Vec<OutboundQos2> = self.outbound_qos2.values().cloned().collect();
+        let mut list: Vec<OutboundQos2> = self.outbound_qos2.iter().cloned().collect();
         list.sort_unstable_by_key(|o| o.packet_id);
         list
     }
@@ -779,7 +799,7 @@ impl Session {
     /// Whether the session keeps the shared group `key`'s in-flight delivery of `settles` (a
     /// QoS 2 one, to be completed with this member).
     pub fn holds_shared(&self, key: &str, settles: &[(String, Offset)]) -> bool {
-        self.outbound_qos2.values().any(|o| {
+        self.outbound_qos2.iter().any(|o| {
             o.group.as_deref() == Some(key)
                 && o.settles.len() == settles.len()
                 && o.settles.iter().zip(settles).all(|((f, off), (g, o))| f == g && *off == o.get())
@@ -793,6 +813,45 @@ impl Session {
 }
 
 pub type SessionRef = Arc<tokio::sync::Mutex<Session>>;
+
+/// A session's outbound QoS 1/2 deliveries in flight, in the order they were added. One is
+/// added per QoS 1/2 delivery and removed at its acknowledgement; the connection allocates
+/// packet ids in sending order and clients acknowledge mostly in that order, so the one to
+/// remove is nearly always the oldest: a deque finds it at the front without hashing and
+/// removes it without shifting the others (a hash map of 112-byte entries spent a tenth of
+/// fan-out's CPU probing and rehashing under this churn; a B-tree shifted its leaves). A
+/// packet id is in it at most once: the connection never allocates an id still in flight.
+#[derive(Debug, Default)]
+pub struct OutboundInFlight(VecDeque<OutboundQos2>);
+
+impl OutboundInFlight {
+    pub fn insert(&mut self, o: OutboundQos2) {
+        debug_assert!(self.get(o.packet_id).is_none(), "packet id {} in flight twice", o.packet_id);
+        self.0.push_back(o);
+    }
+
+    pub fn remove(&mut self, packet_id: u16) -> Option<OutboundQos2> {
+        let at = self.0.iter().position(|o| o.packet_id == packet_id)?;
+        self.0.remove(at)
+    }
+
+    pub fn get(&self, packet_id: u16) -> Option<&OutboundQos2> {
+        self.0.iter().find(|o| o.packet_id == packet_id)
+    }
+
+    pub fn get_mut(&mut self, packet_id: u16) -> Option<&mut OutboundQos2> {
+        self.0.iter_mut().find(|o| o.packet_id == packet_id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &OutboundQos2> {
+        self.0.iter()
+    }
+
+    /// Takes every entry out.
+    pub fn take(&mut self) -> Vec<OutboundQos2> {
+        std::mem::take(&mut self.0).into()
+    }
+}
 
 /// Offsets as disjoint, non-adjacent half-open ranges `[start, end)`, keyed by start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

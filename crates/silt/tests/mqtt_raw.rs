@@ -1,6 +1,7 @@
 //! Protocol details driven packet by packet with the workspace's MQTT codec as the client:
 //! QoS 2 exactly-once across kill -9 (an incomplete delivery is resent with its original
-//! packet id and DUP, and only once), Receive Maximum (0x93) and inbound topic aliases.
+//! packet id and DUP, and only once), Receive Maximum (0x93), inbound topic aliases, and reads
+//! after an idle connection gave its read buffer back.
 
 mod common;
 
@@ -295,5 +296,40 @@ fn outbound_topic_aliases_stay_within_the_clients_maximum() {
     ];
     let want: Vec<(String, Option<u16>)> = want.iter().map(|(t, a)| (t.to_string(), *a)).collect();
     assert_eq!(got, want);
+    silt.stop();
+}
+
+/// An idle connection gives its read buffer back (at the cursor commit tick, 500 ms by
+/// default); whatever arrives afterwards is read whole: a publish far larger than the buffer
+/// was, sent in pieces with pauses longer than the tick between them (so a tick finds part of
+/// a packet buffered), and a small one behind it.
+#[test]
+fn a_connection_idle_past_its_buffer_release_reads_what_comes_next_whole() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let (mut sub, _) = Raw::connect(silt.port, "idle-sub", true);
+    assert_eq!(sub.subscribe("idle/+", QoS::AtLeastOnce), silt_mqtt::ReasonCode::GrantedQoS1);
+    let (mut publisher, _) = Raw::connect(silt.port, "idle-pub", true);
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let mut p = Publish::new("idle/big", payload.clone());
+    p.qos = QoS::AtLeastOnce;
+    p.packet_id = Some(pid(1));
+    let mut wire = bytes::BytesMut::new();
+    Packet::Publish(p).encode(publisher.version, &mut wire).unwrap();
+    for piece in wire.chunks(wire.len() / 3 + 1) {
+        publisher.s.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    assert!(matches!(publisher.recv(), Some(Packet::PubAck(a)) if a.packet_id == pid(1)));
+    assert_eq!(publisher.publish_qos1("idle/small", 2, b"after", false), Some(silt_mqtt::ReasonCode::Success));
+
+    let big = sub.recv_publish();
+    assert_eq!((big.topic.as_str(), big.payload.len()), ("idle/big", payload.len()));
+    assert!(big.payload[..] == payload[..], "the large payload arrived altered");
+    let small = sub.recv_publish();
+    assert_eq!((small.topic.as_str(), &small.payload[..]), ("idle/small", &b"after"[..]));
     silt.stop();
 }

@@ -58,7 +58,7 @@ where
         }
     }
 
-    /// Hands a publish to the log (QoS 1/2: its durability is awaited in `stores`).
+    /// Hands a publish to the log; its answer is awaited in `stores`.
     async fn store(&mut self, token: Option<Token>, p: Publish) {
         let received = std::time::Instant::now();
         if let (Some(token), Some(id), QoS::ExactlyOnce) = (token, p.packet_id, p.qos)
@@ -93,15 +93,9 @@ where
             timestamp: Timestamp::now(),
         };
         match self.broker.submit(&message).await {
-            Ok(ack) => match token {
-                Some(token) => self.stores.push_back((token, ack, received)),
-                // QoS 0: nobody waits for the log; the append still happens in order.
-                None => {
-                    tokio::spawn(async move {
-                        let _ = ack.await;
-                    });
-                }
-            },
+            // QoS 0 too: nobody waits for its durability, but its append finishes when it is
+            // answered, and answers come in order, so it waits in line (no task of its own).
+            Ok(ack) => self.stores.push_back((token, ack, received)),
             Err(e) => {
                 tracing::warn!(client_id = %self.client_id, error = %e, "publish could not be stored");
                 if let Some(token) = token {

@@ -53,7 +53,7 @@ where
                     }
                     None => {
                         // The group ended (its last member left): nothing to settle.
-                        self.session.lock().await.outbound_qos2.remove(&o.packet_id);
+                        self.session.lock().await.outbound_qos2.remove(o.packet_id);
                         continue;
                     }
                 },
@@ -65,7 +65,7 @@ where
             }
             let Some(record) = records.get(&o.entry().position).cloned() else {
                 tracing::warn!(client_id = %self.client_id, packet_id = o.packet_id, "in-flight message unreadable");
-                self.session.lock().await.outbound_qos2.remove(&o.packet_id);
+                self.session.lock().await.outbound_qos2.remove(o.packet_id);
                 match data.group {
                     Some(g) => g.lock().await.subs.settle(&data.settles),
                     None => self.settle_now(data.settles),
@@ -75,7 +75,7 @@ where
             let m = Message::from_record(record);
             if !self.may_receive(&m.topic) {
                 // The session changed hands (an ACL `takeover`) to a user who may not read it.
-                self.session.lock().await.outbound_qos2.remove(&o.packet_id);
+                self.session.lock().await.outbound_qos2.remove(o.packet_id);
                 match data.group {
                     Some(g) => g.lock().await.subs.settle(&data.settles),
                     None => self.settle_now(data.settles),
@@ -94,7 +94,7 @@ where
     /// Records that the PUBREL of outbound QoS 2 message `id` is going out, so a reconnect or
     /// a restart resends the PUBREL and never the PUBLISH (MQTT 4.3.3).
     pub(super) async fn released(&mut self, id: PacketId) {
-        let changed = match self.session.lock().await.outbound_qos2.get_mut(&id.get()) {
+        let changed = match self.session.lock().await.outbound_qos2.get_mut(id.get()) {
             Some(o) if !o.released => {
                 o.released = true;
                 true
@@ -116,7 +116,7 @@ where
         }
         {
             let mut s = self.session.lock().await;
-            if s.outbound_qos2.remove(&id.get()).is_some() {
+            if s.outbound_qos2.remove(id.get()).is_some() {
                 s.dirty = true;
             }
             if f.group.is_none() && !f.settles.is_empty() {
@@ -157,19 +157,27 @@ where
         if room == 0 {
             return;
         }
-        let storage = &self.broker.storage;
-        let (batch, unread) =
-            match pull(storage, &self.session, session_parts, Some(self.conn_id), &self.client_id, now, room).await {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(client_id = %self.client_id, error = %e, "delivery read failed");
-                    self.core.close(Close::Error(
-                        silt_mqtt::ReasonCode::UnspecifiedError,
-                        "messages for this session could not be read",
-                    ));
-                    return;
-                }
-            };
+        let (batch, unread) = match pull(
+            &self.broker,
+            &self.session,
+            session_parts,
+            Some(self.conn_id),
+            &self.client_id,
+            now,
+            room,
+        )
+        .await
+        {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(client_id = %self.client_id, error = %e, "delivery read failed");
+                self.core.close(Close::Error(
+                    silt_mqtt::ReasonCode::UnspecifiedError,
+                    "messages for this session could not be read",
+                ));
+                return;
+            }
+        };
         self.want_pull = batch.len() == room || unread;
         let mut room = room - batch.len();
         for o in batch {
@@ -184,7 +192,7 @@ where
                 break;
             }
             let Some(group) = self.broker.group(&m.key) else { continue };
-            let batch = match pull(&self.broker.storage, &group, group_parts, None, "", now, room).await {
+            let batch = match pull(&self.broker, &group, group_parts, None, "", now, room).await {
                 Ok((b, unread)) => {
                     self.want_pull |= unread;
                     b
@@ -357,7 +365,7 @@ type Parts<'a> = (&'a mut crate::session::Subscriptions, &'a mut bool, Option<Co
 /// while it read) gets nothing. Returns the messages and whether reads were still wanted (pull
 /// again soon).
 async fn pull<T: Send>(
-    storage: &Arc<silt_storage::Storage>,
+    broker: &Broker,
     lock: &tokio::sync::Mutex<T>,
     parts: fn(&mut T) -> Parts<'_>,
     me: Option<ConnId>,
@@ -367,6 +375,7 @@ async fn pull<T: Send>(
 ) -> silt_storage::Result<(Vec<crate::session::Outgoing>, bool)> {
     // Reads hand over at most this many times per call: a pull then starts from memory again.
     const READ_ROUNDS: usize = 2;
+    let (storage, decoded) = (&broker.storage, &broker.decoded);
     let mut rounds = 0;
     loop {
         let pulled = {
@@ -375,7 +384,7 @@ async fn pull<T: Send>(
             if me.is_some() && attached != me {
                 return Ok((Vec::new(), false));
             }
-            let p = subs.pull(storage, client_id, now, room)?;
+            let p = subs.pull_shared(storage, Some(decoded), client_id, now, room)?;
             *dirty |= !p.out.is_empty();
             p
         };

@@ -248,6 +248,11 @@ impl<T> Connection<T> {
         self.events.pop_front()
     }
 
+    /// Whether a request to the broker is waiting for [`Connection::poll_event`].
+    pub fn has_event(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Gives back the queues' memory kept from past traffic, where nothing is queued. Call it
     /// now and then, not per packet: an idle connection should cost little, and a busy one
     /// would only allocate again.
