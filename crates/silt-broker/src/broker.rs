@@ -191,7 +191,7 @@ impl Broker {
             let mut subs = Subscriptions::default();
             for st in snap.subscriptions {
                 let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
-                subs.subs.insert(st.filter.clone(), Box::new(Subscription::new(st, queue_for(&f))));
+                subs.subs.insert(st.filter.as_str().into(), Box::new(Subscription::new(st, queue_for(&f))));
             }
             if let Some((_, f)) = parse_shared(&key) {
                 *state.filter_refs.entry(f.as_str().to_owned()).or_default() += 1;
@@ -226,7 +226,7 @@ impl Broker {
             for st in snap.subscriptions.into_iter().filter(|st| !too_deep(&st.filter)) {
                 let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
                 *state.filter_refs.entry(st.filter.clone()).or_default() += 1;
-                s.subs.subs.insert(st.filter.clone(), Box::new(Subscription::new(st, queue_for(&f))));
+                s.subs.subs.insert(st.filter.as_str().into(), Box::new(Subscription::new(st, queue_for(&f))));
             }
             state.sessions.insert(id, Arc::new(tokio::sync::Mutex::new(s)));
         }
@@ -377,7 +377,7 @@ impl Broker {
     /// Routes the session's subscriptions to `conn` (after a resume).
     pub fn route_all(&self, conn: ConnId, notify: &Arc<Notify>, session: &Session) {
         for f in session.subs.subs.keys() {
-            if let Ok(f) = TopicFilter::new(f.clone()) {
+            if let Ok(f) = TopicFilter::new(&**f) {
                 self.router.add(conn, notify, &f);
             }
         }
@@ -438,7 +438,7 @@ impl Broker {
                     settled: Vec::new(),
                 };
                 let mut subs = Subscriptions::default();
-                subs.subs.insert(filter.as_str().to_owned(), Box::new(Subscription::new(state, queue_for(&filter))));
+                subs.subs.insert(filter.as_str().into(), Box::new(Subscription::new(state, queue_for(&filter))));
                 let g = Arc::new(tokio::sync::Mutex::new(SharedGroup {
                     key: key.to_owned(),
                     subs,
@@ -547,7 +547,7 @@ impl Broker {
             *self.state().filter_refs.entry(filter.as_str().to_owned()).or_default() += 1;
             state.cursor = end.get();
             state.sent = end.get();
-            session.subs.subs.insert(filter.as_str().to_owned(), Box::new(Subscription::new(state, queue)));
+            session.subs.subs.insert(filter.as_str().into(), Box::new(Subscription::new(state, queue)));
             // A replaced subscription is already routed; routing it again would count it twice.
             self.router.add(conn, notify, filter);
         }
@@ -600,7 +600,7 @@ impl Broker {
     async fn end_session(&self, session: &SessionRef) {
         let (client_id, filters, persistent, shared, held) = {
             let mut g = session.lock().await;
-            let filters: Vec<String> = std::mem::take(&mut g.subs.subs).into_keys().collect();
+            let filters: Vec<String> = std::mem::take(&mut g.subs.subs).into_keys().map(|f| f.to_string()).collect();
             let shared: Vec<String> = std::mem::take(&mut g.shared).into_keys().collect();
             let mut held: Vec<_> = g.outbound_qos2.take().into_iter().filter(|o| o.group.is_some()).collect();
             held.sort_unstable_by_key(|o| o.packet_id);
@@ -638,7 +638,7 @@ impl Broker {
     pub async fn disconnect(&self, conn: ConnId, session: &SessionRef) {
         let (client_id, filters) = {
             let g = session.lock().await;
-            let mut filters: Vec<String> = g.subs.subs.keys().cloned().collect();
+            let mut filters: Vec<String> = g.subs.subs.keys().map(|f| f.to_string()).collect();
             filters.extend(g.shared.keys().filter_map(|k| parse_shared(k).map(|(_, f)| f.as_str().to_owned())));
             (g.client_id.clone(), filters)
         };

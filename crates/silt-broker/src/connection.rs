@@ -24,7 +24,7 @@ use bytes::BytesMut;
 use silt_mqtt::server::{self, Close, Credentials, DelayedWill, Event, OpenRequest, Refusal, Settings, Stored, Token};
 use silt_mqtt::{PacketId, PublishProperties, Will};
 use silt_storage::Appended;
-use silt_types::{Offset, Timestamp};
+use silt_types::Timestamp;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
@@ -48,7 +48,7 @@ const PULL_BATCH: usize = 256;
 
 /// An outbound QoS 1/2 message waiting for the client: what its completion settles.
 struct Inflight {
-    settles: Vec<(String, Offset)>,
+    settles: crate::session::Settles,
     /// The shared group the message came from (its cursor settles it), if any.
     group: Option<GroupRef>,
 }
@@ -274,9 +274,14 @@ where
     }
 
     async fn serve(&mut self) {
+        // Cursors are committed (and an idle connection's buffers given back) one interval
+        // after activity, and once more after a quiet interval; then the timer rests until the
+        // connection does something again, so an idle connection is never woken for nothing.
+        // One deadline serves both this and the core's timers: an idle connection keeps one
+        // timer, not two.
         let commit_every = Duration::from_millis(self.broker.config.cursor_commit_ms);
-        let mut commit = tokio::time::interval(commit_every);
-        commit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_commit = Some(Instant::now() + commit_every);
+        let mut active = false;
         // The steps between waits (reading packets, executing their requests, delivering) are
         // boxed: their futures are large, and inline they would set the size of the future
         // every idle connection keeps; boxed, they cost an allocation per wake-up.
@@ -317,7 +322,11 @@ where
                 self.core.close(Close::Lost);
                 break;
             }
-            let deadline = self.core.poll_timeout().map(Instant::from_std);
+            let core_deadline = self.core.poll_timeout().map(Instant::from_std);
+            let deadline = match (core_deadline, next_commit) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let has_pending = !self.stores.is_empty();
             // More to deliver right now (a full batch was pulled, or the window freed up): go
             // round again instead of waiting for a wake-up. A QoS 0 subscriber sends nothing
@@ -328,6 +337,7 @@ where
             if self.inbuf.capacity() == self.inbuf.len() && !self.inbuf_released {
                 self.inbuf.reserve(self.inbuf.len().max(512));
             }
+            let mut ticked = false;
             tokio::select! {
                 biased;
                 _ = self.shutdown.changed() => self.core.close(Close::Shutdown),
@@ -355,19 +365,32 @@ where
                 },
                 _ = self.wake.notified() => self.want_pull = true,
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                    self.core.handle_timeout(Instant::now().into_std());
-                    if self.core.has_event() {
-                        Box::pin(self.run_events()).await;
+                    let now = Instant::now();
+                    if core_deadline.is_some_and(|d| d <= now) {
+                        self.core.handle_timeout(now.into_std());
+                        if self.core.has_event() {
+                            Box::pin(self.run_events()).await;
+                        }
                     }
-                }
-                _ = commit.tick() => {
-                    // Also the moment to give back the buffers and queues of an idle connection.
-                    self.core.shrink_idle();
-                    self.release_idle_buffers();
-                    Box::pin(self.commit_cursors()).await
+                    if next_commit.is_some_and(|d| d <= now) {
+                        ticked = true;
+                        // Also the moment to give back the buffers and queues of an idle
+                        // connection.
+                        self.core.shrink_idle();
+                        self.release_idle_buffers();
+                        // A shared group's cursor can move through other members: keep
+                        // committing while the session is in one.
+                        let shared = Box::pin(self.commit_cursors()).await;
+                        next_commit = (active || shared).then(|| now + commit_every);
+                        active = false;
+                    }
                 }
                 // Last, so that under continuous delivery the branches above still get their turn.
                 _ = std::future::ready(()), if more => {}
+            }
+            if !ticked {
+                active = true;
+                next_commit.get_or_insert_with(|| Instant::now() + commit_every);
             }
         }
     }
@@ -425,8 +448,9 @@ where
         }
     }
 
-    /// Persists the session's and its shared groups' cursors if they moved.
-    async fn commit_cursors(&mut self) {
+    /// Persists the session's and its shared groups' cursors if they moved. Returns whether
+    /// the session is in a shared group.
+    async fn commit_cursors(&mut self) -> bool {
         let (dirty, keys) = {
             let s = self.session.lock().await;
             (s.dirty, s.shared.keys().cloned().collect::<Vec<_>>())
@@ -434,14 +458,15 @@ where
         if dirty && let Err(e) = self.broker.persist(&self.session).await {
             tracing::warn!(client_id = %self.client_id, error = %e, "cursor commit failed");
         }
-        for key in keys {
-            if let Some(g) = self.broker.group(&key)
+        for key in &keys {
+            if let Some(g) = self.broker.group(key)
                 && g.lock().await.dirty
                 && let Err(e) = self.broker.persist_group(&g).await
             {
                 tracing::warn!(client_id = %self.client_id, error = %e, "shared cursor commit failed");
             }
         }
+        !keys.is_empty()
     }
 
     /// Writes what the core has queued for the client.

@@ -33,6 +33,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use silt_storage::{IndexEntry, QueueName, Record, Storage};
 use silt_types::{LogPosition, Offset, Partition, QueueId, Timestamp, TopicFilter};
+use smallvec::SmallVec;
 
 use crate::message::Message;
 
@@ -44,6 +45,11 @@ const FETCH: usize = 256;
 /// Records read ahead off the runtime at most at once, and their bytes (at least one record).
 const READ_AHEAD: usize = 256;
 const READ_AHEAD_BYTES: u64 = 8 << 20;
+
+/// The (filter, offset) pairs a delivery settles when it is acknowledged: one for most
+/// messages, kept inline. The filter names are the subscriptions' own, shared: a delivery
+/// copies no string.
+pub type Settles = SmallVec<[(Arc<str>, Offset); 1]>;
 
 /// A subscription as persisted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,8 +143,9 @@ pub struct OutboundQos2 {
     pub position: u64,
     pub size: u32,
     pub timestamp: i64,
-    /// (filter, offset) pairs it settles.
-    pub settles: Vec<(String, u64)>,
+    /// (filter, offset) pairs it settles; persisted as `[filter, offset]` pairs.
+    #[serde(with = "settles_serde")]
+    pub settles: Settles,
     /// Subscription identifiers it was sent with.
     #[serde(default)]
     pub subscription_ids: Vec<u32>,
@@ -158,8 +165,23 @@ impl OutboundQos2 {
         IndexEntry { position: LogPosition(self.position), size: self.size, timestamp: Timestamp(self.timestamp) }
     }
 
-    pub fn settles(&self) -> Vec<(String, Offset)> {
-        self.settles.iter().map(|(f, o)| (f.clone(), Offset(*o))).collect()
+    pub fn settles(&self) -> Settles {
+        self.settles.clone()
+    }
+}
+
+/// [`Settles`] as `[filter, offset]` pairs, the form snapshots have always had.
+mod settles_serde {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(settles: &Settles, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(settles.iter().map(|(f, o)| (&**f, o.get())))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Settles, D::Error> {
+        let pairs = Vec::<(String, u64)>::deserialize(d)?;
+        Ok(pairs.into_iter().map(|(f, o)| (Arc::from(f), Offset(o))).collect())
     }
 }
 
@@ -290,22 +312,19 @@ impl Subscription {
         self.state.cursor = first_pending.map_or(next_undelivered, |p| p.min(next_undelivered)).get();
     }
 
-    /// Fills an empty buffer from memory; the read it needs when memory cannot tell.
-    fn fetch(&mut self, storage: &Storage, limit: LogPosition) -> Option<QueueRead> {
+    /// Fills an empty buffer from memory; the read it needs when memory cannot tell (`filter`
+    /// is the subscription's key).
+    fn fetch(&mut self, filter: &Arc<str>, storage: &Storage, limit: LogPosition) -> Option<QueueRead> {
         if !self.buf.is_empty() {
             return None;
         }
-        let read = QueueRead {
-            filter: self.state.filter.clone(),
-            name: self.queue.clone(),
-            id: self.queue_id,
-            from: self.read,
-        };
+        let read =
+            |s: &Self| QueueRead { filter: Arc::clone(filter), name: s.queue.clone(), id: s.queue_id, from: s.read };
         if self.queue_id.is_none() {
             self.queue_id = storage.created_queue_id(&self.queue);
         }
         let Some(id) = self.queue_id else {
-            return (self.absent != Some(storage.created_forgotten())).then_some(read);
+            return (self.absent != Some(storage.created_forgotten())).then(|| read(self));
         };
         match storage.read_index_cached(id, self.read, FETCH) {
             Some(entries) => {
@@ -313,7 +332,7 @@ impl Subscription {
                 None
             }
             None if self.quiet == Some((self.read, storage.recent_forgotten())) && !storage.holds_recent(id) => None,
-            None => Some(read),
+            None => Some(read(self)),
         }
     }
 
@@ -353,18 +372,23 @@ pub struct Outgoing {
     pub dup: bool,
     pub subscription_ids: Vec<u32>,
     /// (filter, offset) pairs acknowledged together with this message.
-    pub settles: Vec<(String, Offset)>,
+    pub settles: Settles,
 }
 
 /// Subscriptions of a session and their merge.
 #[derive(Debug, Default)]
 pub struct Subscriptions {
-    /// Boxed: a subscription's state is a few hundred bytes, and a B-tree leaf holds room for
-    /// eleven of them inline even when the session has one.
-    pub subs: BTreeMap<String, Box<Subscription>>,
+    /// By filter. Boxed: a subscription's state is a few hundred bytes, and a B-tree leaf
+    /// holds room for eleven of them inline even when the session has one. The key is shared
+    /// with every delivery's [`Settles`].
+    pub subs: BTreeMap<Arc<str>, Box<Subscription>>,
     /// Records read off the runtime for buffered entries, by position, until merged.
     prefetched: BTreeMap<LogPosition, silt_storage::Result<Record>>,
 }
+
+/// The subscriptions whose next entry is the record a pull is at: filter, subscription,
+/// offset, entry.
+type Matched<'a> = SmallVec<[(&'a Arc<str>, &'a mut Subscription, Offset, IndexEntry); 2]>;
 
 /// What one pull chose, and what it could not read from memory.
 #[derive(Debug)]
@@ -383,7 +407,7 @@ pub struct Reads {
 
 #[derive(Debug)]
 struct QueueRead {
-    filter: String,
+    filter: Arc<str>,
     name: QueueName,
     id: Option<QueueId>,
     from: Offset,
@@ -402,7 +426,7 @@ pub struct ReadsDone {
 
 #[derive(Debug)]
 struct QueueDone {
-    filter: String,
+    filter: Arc<str>,
     from: Offset,
     id: Option<QueueId>,
     entries: Vec<(Offset, IndexEntry)>,
@@ -472,7 +496,7 @@ impl Subscriptions {
         let mut out = Vec::new();
         let mut reads = Reads::default();
         while out.len() < max {
-            reads.queues.extend(self.subs.values_mut().filter_map(|s| s.fetch(storage, limit)));
+            reads.queues.extend(self.subs.iter_mut().filter_map(|(f, s)| s.fetch(f, storage, limit)));
             if !reads.queues.is_empty() {
                 break;
             }
@@ -504,11 +528,11 @@ impl Subscriptions {
                     }
                 }
             };
-            let mut matched: Vec<(&mut Subscription, Offset, IndexEntry)> = Vec::new();
-            for s in self.subs.values_mut() {
+            let mut matched: Matched<'_> = SmallVec::new();
+            for (f, s) in self.subs.iter_mut() {
                 if s.buf.front().is_some_and(|(_, e)| e.position == head) {
                     let (o, e) = s.buf.pop_front().expect("invariant: front exists");
-                    matched.push((s, o, e));
+                    matched.push((f, s, o, e));
                 }
             }
             // Gone records (retention raced the read, or a `tier = "local"` message lost with
@@ -523,8 +547,8 @@ impl Subscriptions {
             let mut retain = false;
             let mut dup = false;
             let mut ids = Vec::new();
-            let mut settles = Vec::new();
-            for (s, o, _) in matched.iter_mut() {
+            let mut settles = Settles::new();
+            for (f, s, o, _) in matched.iter_mut() {
                 if s.pending.contains_key(o) {
                     continue; // held by a restored in-flight delivery
                 }
@@ -541,14 +565,14 @@ impl Subscriptions {
                 retain |= s.state.retain_as_published && message.retain;
                 dup |= o.get() < s.state.sent;
                 ids.extend(s.state.subscription_id);
-                settles.push((s.state.filter.clone(), *o));
+                settles.push((Arc::clone(f), *o));
             }
             if settles.is_empty() {
                 continue;
             }
             let qos = qos.min(message.qos);
-            for (s, o, e) in matched {
-                if !settles.iter().any(|(f, off)| *f == s.state.filter && *off == o) {
+            for (f, s, o, e) in matched {
+                if !settles.iter().any(|(g, off)| Arc::ptr_eq(f, g) && *off == o) {
                     continue;
                 }
                 s.state.sent = s.state.sent.max(o.get() + 1);
@@ -597,7 +621,7 @@ impl Subscriptions {
     /// read began takes it (entries and records never change).
     pub fn supply(&mut self, done: ReadsDone) {
         for q in done.queues {
-            let Some(s) = self.subs.get_mut(&q.filter) else { continue };
+            let Some(s) = self.subs.get_mut(&*q.filter) else { continue };
             if s.read != q.from || !s.buf.is_empty() {
                 continue;
             }
@@ -647,9 +671,9 @@ impl Subscriptions {
     }
 
     /// Marks the offsets of an acknowledged message done and advances cursors.
-    pub fn settle(&mut self, settles: &[(String, Offset)]) {
+    pub fn settle(&mut self, settles: &[(Arc<str>, Offset)]) {
         for (filter, off) in settles {
-            if let Some(s) = self.subs.get_mut(filter) {
+            if let Some(s) = self.subs.get_mut(&**filter) {
                 s.pending.remove(off);
                 // A restored delivery can complete before the pull has passed its offset.
                 // (An offset the pull passed lies below the buffer; the buffer is in order.)
@@ -666,9 +690,9 @@ impl Subscriptions {
 
     /// Marks offsets as in flight (restored QoS 2 deliveries), so pulls skip them and cursors
     /// wait for them.
-    pub fn hold(&mut self, settles: &[(String, Offset)], entry: IndexEntry) {
+    pub fn hold(&mut self, settles: &[(Arc<str>, Offset)], entry: IndexEntry) {
         for (filter, off) in settles {
-            if let Some(s) = self.subs.get_mut(filter) {
+            if let Some(s) = self.subs.get_mut(&**filter) {
                 s.pending.insert(*off, entry);
                 s.recompute_cursor();
             }
@@ -677,9 +701,9 @@ impl Subscriptions {
 
     /// Gives sent-but-unacknowledged offsets back for delivery (a shared-subscription member
     /// left with them in flight: another member gets them).
-    pub fn release(&mut self, settles: &[(String, Offset)]) {
+    pub fn release(&mut self, settles: &[(Arc<str>, Offset)]) {
         for (filter, off) in settles {
-            if let Some(s) = self.subs.get_mut(filter)
+            if let Some(s) = self.subs.get_mut(&**filter)
                 && let Some(e) = s.pending.remove(off)
             {
                 let at = s.buf.partition_point(|(o, _)| o < off);
@@ -798,11 +822,11 @@ impl Session {
 
     /// Whether the session keeps the shared group `key`'s in-flight delivery of `settles` (a
     /// QoS 2 one, to be completed with this member).
-    pub fn holds_shared(&self, key: &str, settles: &[(String, Offset)]) -> bool {
+    pub fn holds_shared(&self, key: &str, settles: &[(Arc<str>, Offset)]) -> bool {
         self.outbound_qos2.iter().any(|o| {
             o.group.as_deref() == Some(key)
                 && o.settles.len() == settles.len()
-                && o.settles.iter().zip(settles).all(|((f, off), (g, o))| f == g && *off == o.get())
+                && o.settles.iter().zip(settles).all(|((f, off), (g, o))| f == g && off == o)
         })
     }
 

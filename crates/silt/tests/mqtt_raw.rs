@@ -1,7 +1,7 @@
 //! Protocol details driven packet by packet with the workspace's MQTT codec as the client:
 //! QoS 2 exactly-once across kill -9 (an incomplete delivery is resent with its original
 //! packet id and DUP, and only once), Receive Maximum (0x93), inbound topic aliases, and reads
-//! after an idle connection gave its read buffer back.
+//! after an idle connection gave its read buffer back, and commits after an idle spell.
 
 mod common;
 
@@ -331,5 +331,36 @@ fn a_connection_idle_past_its_buffer_release_reads_what_comes_next_whole() {
     assert!(big.payload[..] == payload[..], "the large payload arrived altered");
     let small = sub.recv_publish();
     assert_eq!((small.topic.as_str(), &small.payload[..]), ("idle/small", &b"after"[..]));
+    silt.stop();
+}
+
+/// A connection that sat idle (its commit timer at rest) still commits what it acknowledges
+/// next: a QoS 1 message acknowledged after a quiet spell is not delivered again after
+/// kill -9, and the message after it is.
+#[test]
+fn an_acknowledgement_after_an_idle_spell_is_committed_before_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let silt = Silt::start(dir.path());
+    let (mut sub, _) = Raw::connect(silt.port, "idle-commit-sub", false);
+    assert_eq!(sub.subscribe("idle-commit/+", QoS::AtLeastOnce), silt_mqtt::ReasonCode::GrantedQoS1);
+    let (mut publisher, _) = Raw::connect(silt.port, "idle-commit-pub", true);
+    // Longer than two commit intervals (500 ms): the subscriber's timer has gone quiet.
+    std::thread::sleep(Duration::from_millis(1600));
+    assert_eq!(publisher.publish_qos1("idle-commit/a", 1, b"first", false), Some(silt_mqtt::ReasonCode::Success));
+    let first = sub.recv_publish();
+    assert_eq!(&first.payload[..], b"first");
+    sub.send(Packet::PubAck(PubResponse::new(first.packet_id.unwrap())));
+    // The acknowledgement is committed within an interval; wait two, then crash.
+    std::thread::sleep(Duration::from_millis(1200));
+    silt.kill();
+    drop((sub, publisher));
+
+    let silt = Silt::start(dir.path());
+    let (mut sub, present) = Raw::connect(silt.port, "idle-commit-sub", false);
+    assert!(present);
+    assert!(sub.quiet_for(800), "the acknowledged message came again after kill -9");
+    let (mut publisher, _) = Raw::connect(silt.port, "idle-commit-pub", true);
+    assert_eq!(publisher.publish_qos1("idle-commit/a", 2, b"second", false), Some(silt_mqtt::ReasonCode::Success));
+    assert_eq!(&sub.recv_publish().payload[..], b"second");
     silt.stop();
 }

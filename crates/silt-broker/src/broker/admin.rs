@@ -64,7 +64,7 @@ impl Broker {
         let mut out = Vec::with_capacity(sessions.len());
         for (client_id, online, s) in sessions {
             let g = s.lock().await;
-            let mut subscriptions: Vec<String> = g.subs.subs.keys().cloned().collect();
+            let mut subscriptions: Vec<String> = g.subs.subs.keys().map(|f| f.to_string()).collect();
             subscriptions.extend(g.shared.keys().cloned());
             let cursors = g.subs.subs.values().map(|s| (s.queue.clone(), s.state.cursor)).collect();
             out.push(SessionView { client_id, online, subscriptions, cursors });

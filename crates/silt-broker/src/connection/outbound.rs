@@ -7,7 +7,7 @@ use silt_mqtt::server::Sent;
 use silt_mqtt::{Publish, QoS};
 
 use super::*;
-use crate::session::SharedMembership;
+use crate::session::{Settles, SharedMembership};
 
 impl<R, W> Conn<R, W>
 where
@@ -148,7 +148,7 @@ where
             if m.remaining_expiry(now) == Some(0) {
                 continue;
             }
-            self.send_message(&m, qos, true, false, sub_id.into_iter().collect(), Vec::new(), None, now);
+            self.send_message(&m, qos, true, false, sub_id.into_iter().collect(), Settles::new(), None, now);
         }
         if !self.want_pull {
             return;
@@ -211,7 +211,7 @@ where
                 let ids = m.subscription_id.into_iter().collect();
                 if qos == QoS::AtMostOnce {
                     group.lock().await.subs.settle(&o.settles);
-                    self.send_message(&o.message, qos, false, false, ids, Vec::new(), None, now);
+                    self.send_message(&o.message, qos, false, false, ids, Settles::new(), None, now);
                 } else {
                     self.send_shared(&o, qos, ids, (&m.key, &group), now);
                 }
@@ -254,7 +254,7 @@ where
                         position: o.entry.position.get(),
                         size: o.entry.size,
                         timestamp: o.entry.timestamp.get(),
-                        settles: o.settles.iter().map(|(f, off)| (f.clone(), off.get())).collect(),
+                        settles: o.settles.clone(),
                         subscription_ids: ids,
                         group: Some(key.to_owned()),
                     });
@@ -280,7 +280,7 @@ where
         retain: bool,
         dup: bool,
         subscription_ids: Vec<u32>,
-        settles: Vec<(String, Offset)>,
+        settles: Settles,
         entry: Option<silt_storage::IndexEntry>,
         now: Timestamp,
     ) {
@@ -290,9 +290,10 @@ where
         }
         // What the session's record of a QoS 1/2 delivery needs, taken before the message is
         // handed over.
-        let tracked = (qos != QoS::AtMostOnce).then_some(entry).flatten().map(|entry| {
-            (entry, settles.iter().map(|(f, o)| (f.clone(), o.get())).collect(), subscription_ids.clone())
-        });
+        let tracked = (qos != QoS::AtMostOnce)
+            .then_some(entry)
+            .flatten()
+            .map(|entry| (entry, settles.clone(), subscription_ids.clone()));
         let mut p = Publish::new(m.topic.clone(), m.payload.clone());
         p.qos = qos;
         p.retain = retain;
@@ -338,7 +339,7 @@ where
     }
 
     /// Settles a message that will not be sent (denied by an ACL, too large for the client).
-    pub(super) fn settle_now(&self, settles: Vec<(String, Offset)>) {
+    pub(super) fn settle_now(&self, settles: Settles) {
         if !settles.is_empty() {
             let session = self.session.clone();
             tokio::spawn(async move { session.lock().await.subs.settle(&settles) });

@@ -135,7 +135,7 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
             position: 100,
             size: 50,
             timestamp: 7,
-            settles: vec![("a/+".into(), 41)],
+            settles: [("a/+".into(), Offset(41))].into_iter().collect(),
             subscription_ids: vec![7],
             group: Some("$share/g/a/#".into()),
         }],
@@ -152,6 +152,17 @@ fn snapshots_round_trip_through_the_log_and_tombstones_delete() {
     assert_eq!(replayed, 3);
     assert_eq!(all.len(), 1);
     assert_eq!(all["c1"], snap);
+}
+
+/// Snapshots written before filter names were shared still load, and new ones keep the form.
+#[test]
+fn in_flight_settles_keep_their_snapshot_form() {
+    let json = r#"{"packet_id":9,"qos":1,"position":100,"size":50,"timestamp":7,"settles":[["a/+",41],["a/b",3]]}"#;
+    let o: OutboundQos2 = serde_json::from_str(json).unwrap();
+    let want: Settles = [("a/+".into(), Offset(41)), ("a/b".into(), Offset(3))].into_iter().collect();
+    assert_eq!(o.settles, want);
+    let back = serde_json::to_value(&o).unwrap();
+    assert_eq!(back["settles"], serde_json::json!([["a/+", 41], ["a/b", 3]]));
 }
 
 #[test]
@@ -289,7 +300,7 @@ fn a_subscriber_that_keeps_up_is_served_from_memory() {
     // the engine opened, the filter's still empty) are known from memory.
     let p = subs.pull(&s, "me", Timestamp::now(), 10).unwrap();
     let r = p.reads.expect("a lookup");
-    assert_eq!(r.queues.iter().map(|q| q.filter.as_str()).collect::<Vec<_>>(), ["never"]);
+    assert_eq!(r.queues.iter().map(|q| &*q.filter).collect::<Vec<_>>(), ["never"]);
     subs.supply(r.run(&s).unwrap());
     assert_eq!(pull_memory(&s, &mut subs, 10), (vec!["before".to_owned()], false));
     assert_eq!(pull_memory(&s, &mut subs, 10), (vec![], false), "nothing new, and memory says so");
