@@ -412,6 +412,8 @@ mod tests {
         publish(message("t/c", ""));
         storage.append_blocking(&dump).unwrap();
         storage.append_blocking(&[silt_dataset::internal::checkpoint_record(RETAINED_STREAM, start)]).unwrap();
+        // As at start-up (`Broker::new`): the index holds everything written before the load.
+        storage.wait_dispatched_blocking(storage.stats().log_end).unwrap();
 
         let (loaded, _) = RetainedStore::load(&storage, 128).unwrap();
         assert_eq!(loaded.get("t/a"), Some(newer));
