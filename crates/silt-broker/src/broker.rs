@@ -217,7 +217,7 @@ impl Broker {
                     // A shared group's QoS 2 delivery in flight to this member: the group holds
                     // it for the member; a group that no longer exists has nothing to hold.
                     let Some(g) = state.groups.get(key) else { continue };
-                    g.try_lock().expect("invariant: no other user at start-up").subs.hold(&o.settles(), o.entry());
+                    g.try_lock().expect("invariant: no other user at start-up").subs.hold(&o.settles, o.entry());
                 }
                 s.outbound_qos2.insert(o);
             }
@@ -611,7 +611,7 @@ impl Broker {
         for o in held {
             if let Some(g) = o.group.as_deref().and_then(|k| self.group(k)) {
                 let mut g = g.lock().await;
-                g.subs.settle(&o.settles());
+                g.subs.settle(&o.settles);
                 g.dirty = true;
             }
         }

@@ -164,10 +164,6 @@ impl OutboundQos2 {
     pub fn entry(&self) -> IndexEntry {
         IndexEntry { position: LogPosition(self.position), size: self.size, timestamp: Timestamp(self.timestamp) }
     }
-
-    pub fn settles(&self) -> Settles {
-        self.settles.clone()
-    }
 }
 
 /// [`Settles`] as `[filter, offset]` pairs, the form snapshots have always had.

@@ -22,7 +22,7 @@ where
             let mut s = self.session.lock().await;
             let list: Vec<OutboundQos2> = s.outbound_in_order();
             for o in list.iter().filter(|o| o.group.is_none()) {
-                s.subs.hold(&o.settles(), o.entry());
+                s.subs.hold(&o.settles, o.entry());
             }
             list
         };
@@ -48,7 +48,7 @@ where
                 None => None,
                 Some(key) => match self.broker.group(key) {
                     Some(g) => {
-                        g.lock().await.subs.hold(&o.settles(), o.entry());
+                        g.lock().await.subs.hold(&o.settles, o.entry());
                         Some(g)
                     }
                     None => {
@@ -58,7 +58,7 @@ where
                     }
                 },
             };
-            let data = Inflight { settles: o.settles(), group };
+            let data = Inflight { settles: o.settles.clone(), group };
             if o.qos == 2 && o.released {
                 self.core.resend_release(id, data);
                 continue;
