@@ -105,3 +105,45 @@ async fn a_connect_during_an_admin_delete_keeps_its_new_session() {
     let broker = start(dir.path());
     assert_eq!(broker.session_views(Some("c1")).await.len(), 1, "the new session survives a restart");
 }
+
+/// A retained topic being republished stays retained for a subscriber that looks it up at the
+/// same moment: the lookup finds the old or the new message, never neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retained_topic_being_replaced_is_never_missing_from_a_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, router) = open(dir.path());
+    let appender = Arc::new(silt_dataset::Appender::open(storage, Box::new(|_| 1)).unwrap());
+    let broker = Broker::new(appender, router, MqttConfig::default(), Auth::open()).unwrap();
+    let message = |i: u32| Message {
+        topic: "status/door".into(),
+        payload: Bytes::from(i.to_string()),
+        retain: true,
+        timestamp: Timestamp::now(),
+        ..Message::default()
+    };
+    broker.publish(&message(0)).await.unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publisher = tokio::spawn({
+        let (broker, done) = (broker.clone(), done.clone());
+        async move {
+            for i in 1..=2000 {
+                broker.publish(&message(i)).await.unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+        }
+    });
+    let filter = TopicFilter::new("status/#").unwrap();
+    let mut lookups = 0u32;
+    let mut last = 0u32;
+    while !done.load(Ordering::Relaxed) {
+        let found = broker.retained_for(&filter);
+        assert_eq!(found.len(), 1, "lookup {lookups}: the topic is retained throughout");
+        let value: u32 = std::str::from_utf8(&found[0].payload).unwrap().parse().unwrap();
+        assert!(value >= last, "a lookup never goes back to an older message");
+        last = value;
+        lookups += 1;
+        tokio::task::yield_now().await;
+    }
+    publisher.await.unwrap();
+    assert!(lookups > 100, "the lookups overlapped the republishing ({lookups})");
+}
