@@ -28,6 +28,11 @@ pub struct StorageConfig {
     pub fsync: FsyncPolicy,
     /// Period of the background fsync under `fsync = "interval"`.
     pub fsync_interval_ms: u64,
+    /// Under `fsync = "always"`, zeros are written (and fsynced) this many bytes at a time
+    /// ahead of the active segment's end, so each append's fsync has only data to write, no
+    /// file size to commit (about half the latency and CPU of an fsync on ext4). 0 turns it
+    /// off (e.g. on a copy-on-write file system, where overwriting gains nothing).
+    pub preallocate_bytes: u64,
     /// Bytes of the log's tail kept in memory so live readers don't touch the disk.
     pub tail_cache_bytes: u64,
     /// Largest batch one append may carry (bytes, encoded).
@@ -56,6 +61,7 @@ impl Default for StorageConfig {
             segment_max_age_ms: 10 * 60 * 1000,
             fsync: FsyncPolicy::Always,
             fsync_interval_ms: 50,
+            preallocate_bytes: 4 << 20,
             tail_cache_bytes: 64 << 20,
             max_batch_bytes: 16 << 20,
             max_write_bytes: 4 << 20,

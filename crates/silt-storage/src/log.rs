@@ -171,7 +171,12 @@ impl LogShared {
                         "commitlog recovery cut a torn or corrupt tail"
                     );
                 } else {
-                    tracing::info!(segment = %seg.path.display(), batches = r.batches, "commitlog tail verified");
+                    tracing::info!(
+                        segment = %seg.path.display(),
+                        batches = r.batches,
+                        preallocated_bytes_cut = r.zeros_cut,
+                        "commitlog tail verified"
+                    );
                 }
             }
             segments.insert(base.get(), Arc::new(seg));

@@ -14,14 +14,18 @@
 //! active one, so a failed roll leaves the active segment active. Nothing here stops the log
 //! for good.
 //!
+//! Under `always` a second thread, `silt-log-zeros`, writes zeros ahead of the active segment's
+//! end (`preallocate_bytes` at a time, see `segment`), so the group's fsync finds its blocks
+//! allocated and the file's size unchanged.
+//!
 //! Not guaranteed (fsyncgate): after a failed fsync Linux may drop the dirty pages and report
 //! the next fsync clean. Under `fsync = "interval"` (and `never`) data acknowledged since the
 //! last good fsync may be lost in a machine crash after such a failure; it is logged. Under
 //! `always` nothing acknowledged depends on a failed fsync.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -62,12 +66,85 @@ pub(crate) struct Writer {
     write_failures: Throttle,
     sync_failures: Throttle,
     roll_failures: Throttle,
+    /// The thread writing zeros ahead of the active segment, under `fsync = "always"`.
+    zeros: Option<(Arc<Zeroer>, std::thread::JoinHandle<()>)>,
+}
+
+/// What the writer and the `silt-log-zeros` thread share: the segment to write zeros ahead of
+/// (`None` tells the thread to end), and its wake-up.
+struct Zeroer {
+    target: Mutex<Option<Arc<Segment>>>,
+    wake: Condvar,
+    /// Bytes of zeros written at a time, and kept ahead of the end at least.
+    chunk: u64,
+    /// No zeros past this file size (the segment size).
+    cap: u64,
+}
+
+impl Zeroer {
+    fn run(&self) {
+        let mut failures = Throttle::new(LOG_EVERY);
+        let mut target = self.target.lock().expect("invariant: lock not poisoned");
+        while let Some(seg) = target.clone() {
+            if !seg.wants_zeros(self.chunk, self.cap) {
+                // Woken when the writer nears the zeroed end or rolls; the timeout only bounds
+                // a wake-up lost between the check and the wait.
+                target =
+                    self.wake.wait_timeout(target, Duration::from_millis(100)).expect("invariant: lock not poisoned").0;
+                continue;
+            }
+            drop(target);
+            let wrote = seg.zero_ahead(self.chunk, self.cap);
+            match &wrote {
+                Ok(_) => {
+                    if failures.recovered() {
+                        tracing::info!("commitlog preallocation works again");
+                    }
+                }
+                Err(e) => {
+                    if let Some(n) = failures.failed() {
+                        tracing::warn!(error = %e, failures = n, "commitlog preallocation failed (appends go on, with slower fsyncs); retrying");
+                    }
+                }
+            }
+            target = self.target.lock().expect("invariant: lock not poisoned");
+            if !matches!(wrote, Ok(true)) && target.as_ref().is_some_and(|t| Arc::ptr_eq(t, &seg)) {
+                // Failed, or the segment takes no more zeros: wait for a roll (or a second).
+                target = self.wake.wait_timeout(target, RETRY_EVERY).expect("invariant: lock not poisoned").0;
+            }
+        }
+    }
+
+    fn retarget(&self, seg: Option<Arc<Segment>>) {
+        *self.target.lock().expect("invariant: lock not poisoned") = seg;
+        self.wake.notify_one();
+    }
 }
 
 impl Writer {
     pub fn new(shared: Arc<LogShared>, active: Arc<Segment>, rx: Receiver<WriterMsg>) -> Self {
         let now = Instant::now();
+        let cfg = &shared.config;
+        let zeros = (cfg.fsync == FsyncPolicy::Always && cfg.preallocate_bytes > 0)
+            .then(|| {
+                let z = Arc::new(Zeroer {
+                    target: Mutex::new(Some(active.clone())),
+                    wake: Condvar::new(),
+                    chunk: cfg.preallocate_bytes,
+                    cap: cfg.segment_bytes,
+                });
+                let thread = z.clone();
+                match std::thread::Builder::new().name("silt-log-zeros".into()).spawn(move || thread.run()) {
+                    Ok(handle) => Some((z, handle)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "commitlog preallocation thread not started; fsyncs will be slower");
+                        None
+                    }
+                }
+            })
+            .flatten();
         Self {
+            zeros,
             shared,
             rx,
             active,
@@ -150,6 +227,14 @@ impl Writer {
         }
         // Everything sent before `Shutdown` has been written and, by the forced sync, fsynced.
         self.fail_remaining();
+        if let Some((z, handle)) = self.zeros.take() {
+            z.retarget(None);
+            let _ = handle.join();
+            // The file ends where its data does again (a crash would have cut the zeros too).
+            if let Err(e) = self.active.finish_zeroing().and_then(|()| self.active.sync()) {
+                tracing::warn!(error = %e, "cutting the preallocated zeros off the active segment failed; the next start cuts them");
+            }
+        }
     }
 
     /// Writes one group of appends, fsyncs as the policy says, and answers them. Returns the
@@ -166,6 +251,11 @@ impl Writer {
         }
         if !appends.is_empty() {
             self.write_group(appends, cfg);
+            if let Some((z, _)) = &self.zeros
+                && self.active.wants_zeros(z.chunk, z.cap)
+            {
+                z.wake.notify_one();
+            }
         }
         let interval_due = cfg.fsync == FsyncPolicy::Interval
             && self.last_sync.elapsed() >= Duration::from_millis(cfg.fsync_interval_ms);
@@ -369,6 +459,10 @@ impl Writer {
     fn try_roll(&mut self) -> Result<()> {
         let dir = self.shared.dir.clone();
         let end = self.active.end();
+        // The active segment ends where its data does, durably, before a next one exists: a
+        // crash then never leaves zeros at the end of a segment opened as sealed.
+        self.active.finish_zeroing()?;
+        self.active.sync()?;
         let next = match Segment::create(&dir, end) {
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists => {
                 // Left by a roll whose cleanup failed: it holds nothing yet.
@@ -381,12 +475,6 @@ impl Writer {
             }
             other => other?,
         };
-        if let Err(e) = self.active.sync() {
-            if let Err(rm) = std::fs::remove_file(&next.path) {
-                tracing::warn!(segment = %next.path.display(), error = %rm, "an unused next segment was not removed");
-            }
-            return Err(e);
-        }
         self.active.mark_sealed();
         let next = Arc::new(next);
         let sealed = SealedSegment { base: self.active.base, end, path: self.active.path.clone() };
@@ -399,6 +487,9 @@ impl Writer {
         *self.shared.end.lock().expect("invariant: lock not poisoned") = self.active.end();
         self.shared.end_moved.notify_all();
         self.shared.publish_sealed(sealed);
+        if let Some((z, _)) = &self.zeros {
+            z.retarget(Some(self.active.clone()));
+        }
         Ok(())
     }
 

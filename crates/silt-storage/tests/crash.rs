@@ -259,3 +259,85 @@ fn a_segment_file_left_without_its_header_by_a_crash_is_started_again() {
     let (dir, _) = damaged_log(|seg, _| patch(seg, |b| b[0] ^= 0xFF));
     assert!(Storage::open(dir.path(), StorageConfig::default()).is_err());
 }
+
+/// Under `fsync = "always"` the active segment holds fsynced zeros past its data (see
+/// `preallocate_bytes`). A crash leaves them there: the next start cuts them as free space, not
+/// as a torn write, keeps every record, and appends go on where the data ended. A clean close
+/// cuts them itself, and a sealed segment never holds any.
+#[test]
+fn preallocated_zeros_left_by_a_crash_are_cut_and_every_record_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let config = StorageConfig { segment_bytes: 1 << 20, preallocate_bytes: 64 << 10, ..small_config() };
+    let log = |d: &Path| d.join("log");
+    let segments = |d: &Path| {
+        let mut v: Vec<_> = std::fs::read_dir(log(d)).unwrap().map(|e| e.unwrap().path()).collect();
+        v.sort();
+        v
+    };
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+    let base = |p: &Path| -> u64 { p.file_stem().unwrap().to_str().unwrap().parse().unwrap() };
+    let mut want = Vec::new();
+    {
+        let s = Storage::open(dir.path(), config.clone()).unwrap();
+        // Past one roll (1 MiB segments), so a sealed segment exists too.
+        for i in 0..1200 {
+            let r = record("s", 0, "t", Bytes::from(vec![b'a' + (i % 26) as u8; 1000]));
+            s.append_blocking(std::slice::from_ref(&r)).unwrap();
+            want.push(r);
+        }
+        let end = s.stats().log_end.get();
+        let active = segments(dir.path()).pop().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while base(&active) + size(&active) <= end {
+            assert!(Instant::now() < deadline, "no zeros were written ahead of the active segment's end");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for sealed in &segments(dir.path())[..segments(dir.path()).len() - 1] {
+            let found = silt_storage::check_segment_file(sealed, 1 << 20).unwrap();
+            assert_eq!((found.zeros, found.bad_end), (0, None), "a sealed segment ends with its data");
+        }
+        // The files as a crash leaves them (every append returned, so its bytes were fsynced).
+        std::fs::create_dir_all(log(crashed.path())).unwrap();
+        for p in segments(dir.path()) {
+            std::fs::copy(&p, log(crashed.path()).join(p.file_name().unwrap())).unwrap();
+        }
+        let image = segments(crashed.path()).pop().unwrap();
+        let found = silt_storage::check_segment_file(&image, 1 << 20).unwrap();
+        assert!(found.zeros > 0 && found.bad_end.is_none(), "zeros at the end are not a torn write: {found:?}");
+        s.close().unwrap();
+        let active = segments(dir.path()).pop().unwrap();
+        assert_eq!(base(&active) + size(&active), end, "a clean close cuts the zeros off");
+    }
+    // The crash image (its index is gone too: the log is dispatched again from the start),
+    // opened without preallocation so the file shows what recovery left.
+    let s = Storage::open(crashed.path(), StorageConfig { preallocate_bytes: 0, ..config }).unwrap();
+    s.wait_dispatched_blocking(s.stats().log_end).unwrap();
+    assert_eq!(queue(&s, &topic("t")), want);
+    let active = segments(crashed.path()).pop().unwrap();
+    assert_eq!(base(&active) + size(&active), s.stats().log_end.get(), "the zeros were cut at the start");
+    let extra = record("s", 0, "t", "after the crash");
+    s.append_blocking(std::slice::from_ref(&extra)).unwrap();
+    want.push(extra);
+    s.close().unwrap();
+    let s = open(crashed.path());
+    assert_eq!(queue(&s, &topic("t")), want);
+}
+
+/// A torn batch with preallocated zeros after it is still a torn write: cut, never served.
+#[test]
+fn a_torn_batch_before_preallocated_zeros_is_cut() {
+    let (dir, first) = damaged_log(|seg, rec_pos| {
+        let seg_base: u64 = seg.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+        patch(seg, |b| {
+            // The last batch lost its end, and zeros follow where the rest would have been.
+            let start = (rec_pos - seg_base) as usize;
+            b.truncate(start + 20);
+            b.resize(b.len() + (64 << 10), 0);
+        })
+    });
+    let seg = std::fs::read_dir(dir.path().join("log")).unwrap().map(|e| e.unwrap().path()).max().unwrap();
+    let found = silt_storage::check_segment_file(&seg, 1 << 20).unwrap();
+    assert!(found.bad_end.is_some(), "a partial batch then zeros is a torn write: {found:?}");
+    assert_recovers_to(dir.path(), &first);
+}

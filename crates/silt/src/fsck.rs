@@ -64,6 +64,10 @@ pub fn run(data_dir: &Path, config: &silt_storage::StorageConfig) -> anyhow::Res
                 end - start
             ));
         }
+        if found.zeros > 0 && Some(*base) != newest {
+            // The newest segment's are preallocated space; a sealed one is cut to its data.
+            s.problems.push(format!("segment {name}: {} bytes of zeros at the end of a sealed segment", found.zeros));
+        }
         if let Some((start, why)) = &found.bad_end {
             let what = if Some(*base) == newest {
                 "a torn write at the end of the newest segment (cut at the next start)"

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{Silt, log_bytes};
+use common::Silt;
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
 
 fn options(id: &str, port: u16, clean: bool) -> MqttOptions {
@@ -144,7 +144,7 @@ fn one_payload_is_stored_once_for_a_thousand_subscribers() {
                 drop(c);
             }));
         }
-        let before = log_bytes(&silt.data_dir);
+        let before = silt.log_end();
         let (c, mut ev) = AsyncClient::new(options("fan-publisher", port, true), 100);
         for _ in 0..MESSAGES {
             c.publish("fan/out", QoS::AtLeastOnce, false, vec![7u8; PAYLOAD]).await.unwrap();
@@ -158,7 +158,7 @@ fn one_payload_is_stored_once_for_a_thousand_subscribers() {
         for r in receivers {
             r.await.unwrap();
         }
-        let grown = log_bytes(&silt.data_dir) - before;
+        let grown = silt.log_end() - before;
         let one_copy = (MESSAGES * PAYLOAD) as u64;
         assert!(
             grown >= one_copy && grown < one_copy * 2,

@@ -94,6 +94,31 @@ impl Silt {
             .unwrap_or_else(|| panic!("no {kind} listener in the log: {log:#?}"))
     }
 
+    /// The commitlog's end position (bytes written since it began), from the admin API's
+    /// `/api/status`. Not the segment files' sizes: the active one holds preallocated zeros.
+    pub fn log_end(&self) -> u64 {
+        use std::io::{Read, Write};
+        let addr = {
+            let log = self.log.lock().unwrap();
+            log.iter()
+                .filter(|l| l.contains("admin listener bound"))
+                .find_map(|l| l.split("addr=").nth(1))
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_owned)
+                .unwrap_or_else(|| panic!("no admin listener in the log: {log:#?}"))
+        };
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        write!(s, "GET /api/status HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body.split("\"log_end\":")
+            .nth(1)
+            .and_then(|rest| rest.trim_start().split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no log_end in /api/status: {body}"))
+    }
+
     pub fn log_contains(&self, needle: &str) -> bool {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }
@@ -110,13 +135,6 @@ impl Drop for Silt {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Bytes of commitlog segments in a data directory.
-pub fn log_bytes(data_dir: &Path) -> u64 {
-    std::fs::read_dir(data_dir.join("log"))
-        .map(|rd| rd.filter_map(|e| e.ok()).filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
-        .unwrap_or(0)
 }
 
 /// Writes a `silt.toml` in `dir` enabling auth: user `sensor` with password `hunter2` (hashed by
