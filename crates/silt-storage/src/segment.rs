@@ -58,8 +58,9 @@ pub(crate) struct Segment {
 /// Preallocation state (see the module documentation).
 #[derive(Debug)]
 struct Zeroes {
-    /// The file's size as far as this process knows: bytes up to here are allocated and, past
-    /// `len`, zeros that were fsynced. Appends below it need no lock.
+    /// Zeros (or data) were written and fsynced up to here; zeros are only ever written at or
+    /// above it, so appends below it need no lock. A hint for the file's size, not the size
+    /// itself (a failed write or cut can leave it either side).
     upto: AtomicU64,
     /// Held while zeros are written, and by a write that reaches past `upto`; `true` once the
     /// segment takes no more zeros (it is being sealed).
@@ -359,23 +360,31 @@ impl Segment {
     /// the segment is being sealed, or already holds zeros to `cap`.
     pub fn zero_ahead(&self, chunk: u64, cap: u64) -> Result<bool> {
         static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-        let finished = self.zeroes.lock.lock().expect("invariant: lock not poisoned");
-        if *finished {
-            return Ok(false);
-        }
-        let from = self.zeroes.upto.load(Ordering::Acquire).max(self.len());
-        let to = cap.min(from.saturating_add(chunk));
-        if to <= from {
-            return Ok(false);
-        }
-        let mut at = from;
-        while at < to {
-            let n = (to - at).min(ZEROS.len() as u64);
-            self.file.write_all_at(&ZEROS[..n as usize], at).map_err(Error::io("preallocate segment", &self.path))?;
-            at += n;
-        }
+        let to = {
+            let finished = self.zeroes.lock.lock().expect("invariant: lock not poisoned");
+            if *finished {
+                return Ok(false);
+            }
+            let from = self.zeroes.upto.load(Ordering::Acquire).max(self.len());
+            let to = cap.min(from.saturating_add(chunk));
+            if to <= from {
+                return Ok(false);
+            }
+            let mut at = from;
+            while at < to {
+                let n = (to - at).min(ZEROS.len() as u64);
+                self.file
+                    .write_all_at(&ZEROS[..n as usize], at)
+                    .map_err(Error::io("preallocate segment", &self.path))?;
+                at += n;
+            }
+            to
+        };
+        // The fsync runs without the lock: a write that comes meanwhile waited only for the
+        // zeros to reach the page cache, and lands on them (its own fsync then also commits
+        // the allocation, as without preallocation).
         self.file.sync_data().map_err(Error::io("fsync preallocated segment", &self.path))?;
-        self.zeroes.upto.store(to, Ordering::Release);
+        self.zeroes.upto.fetch_max(to, Ordering::AcqRel);
         Ok(true)
     }
 
@@ -391,10 +400,12 @@ impl Segment {
         let mut finished = self.zeroes.lock.lock().expect("invariant: lock not poisoned");
         *finished = true;
         let len = self.len();
-        if self.zeroes.upto.load(Ordering::Acquire) > len {
+        // The file's own size, not `upto`: zeros whose fsync failed were written all the same.
+        let size = self.file.metadata().map_err(Error::io("stat segment", &self.path))?.len();
+        if size > len {
             self.file.set_len(len).map_err(Error::io("truncate segment", &self.path))?;
-            self.zeroes.upto.store(len, Ordering::Release);
         }
+        self.zeroes.upto.store(len, Ordering::Release);
         Ok(())
     }
 
