@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use silt_storage::{Appended, IndexEntry, Record, Storage};
+use silt_storage::{Appended, IndexEntry, QueueName, Record, Storage};
 use silt_types::{LogPosition, Offset, Timestamp, TopicFilter};
 use tokio::sync::Notify;
 
@@ -394,6 +394,35 @@ impl Broker {
         self.state().groups.get(key).cloned()
     }
 
+    /// The end of `filter`'s queue (where a new subscription starts), registering a wildcard
+    /// filter's queue first when it has none; 0 for a topic nobody published to yet. The index
+    /// is read on the blocking pool: a SUBSCRIBE never holds a runtime thread on RocksDB.
+    async fn subscribe_queue(&self, filter: &TopicFilter) -> silt_storage::Result<Offset> {
+        let end_of = |queue: QueueName| {
+            let storage = self.storage.clone();
+            async move {
+                tokio::task::spawn_blocking(move || -> silt_storage::Result<Option<Offset>> {
+                    match storage.queue_id(&queue)? {
+                        Some(id) => Ok(Some(storage.queue_bounds(id)?.1)),
+                        None => Ok(None),
+                    }
+                })
+                .await
+                .map_err(|e| silt_storage::Error::Unavailable(format!("index read failed: {e}")))?
+            }
+        };
+        if let Some(end) = end_of(queue_for(filter)).await? {
+            return Ok(end);
+        }
+        if !filter.has_wildcard() {
+            return Ok(Offset(0));
+        }
+        self.storage.add_filter(filter).await?;
+        end_of(queue_for(filter))
+            .await?
+            .ok_or_else(|| silt_storage::Error::Invalid(format!("filter {filter} was dropped while registering")))
+    }
+
     /// Wakes the online members of the shared group `key`, after messages went back to it.
     pub fn wake_group(&self, key: &str) {
         if let Some((_, filter)) = parse_shared(key) {
@@ -418,15 +447,7 @@ impl Broker {
         let group = match existing {
             Some(g) => g,
             None => {
-                let id = if filter.has_wildcard() {
-                    Some(self.storage.register_filter(&filter).await?)
-                } else {
-                    self.storage.queue_id(&queue_for(&filter))?
-                };
-                let end = match id {
-                    Some(id) => self.storage.queue_bounds(id)?.1,
-                    None => Offset(0),
-                };
+                let end = self.subscribe_queue(&filter).await?;
                 let state = SubscriptionState {
                     filter: filter.as_str().to_owned(),
                     qos: 2,
@@ -534,15 +555,7 @@ impl Broker {
             // Taking a reference and registering happen under the filter's lock, so a concurrent
             // release of the last reference cannot drop the queue from under this subscription.
             let _lock = self.lock_filter(filter).await;
-            let id = if filter.has_wildcard() {
-                Some(self.storage.register_filter(filter).await?)
-            } else {
-                self.storage.queue_id(&queue)?
-            };
-            let end = match id {
-                Some(id) => self.storage.queue_bounds(id)?.1,
-                None => Offset(0),
-            };
+            let end = self.subscribe_queue(filter).await?;
             // Counted only once registration succeeded, so a failed SUBSCRIBE leaks no reference.
             *self.state().filter_refs.entry(filter.as_str().to_owned()).or_default() += 1;
             state.cursor = end.get();
@@ -930,7 +943,6 @@ impl Broker {
         self.state().sessions.len()
     }
 
-    /// Messages waiting per session (client id, backlog), for `$SYS` and stats.
     /// `(sessions, total, largest)` of the backlogs `$SYS` last published (refreshed every
     /// `sys_interval_secs`; `sessions` counts those with a figure, i.e. that had a backlog):
     /// cheap, for scrapes.
@@ -950,14 +962,23 @@ impl Broker {
         all
     }
 
-    pub async fn backlogs(&self) -> Vec<(String, u64)> {
+    /// Messages waiting per session (client id, backlog), for `$SYS`. The cursors are copied
+    /// under each session's lock (memory only); the index is read for all of them at once on
+    /// the blocking pool, so neither a runtime thread nor a session waits on RocksDB. `None`
+    /// when the count could not run (the runtime shutting down).
+    pub async fn backlogs(&self) -> Option<Vec<(String, u64)>> {
         let sessions: Vec<(String, SessionRef)> =
             self.state().sessions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let mut out = Vec::with_capacity(sessions.len());
+        let mut cursors = Vec::with_capacity(sessions.len());
         for (id, s) in sessions {
-            out.push((id, s.lock().await.backlog(&self.storage)));
+            cursors.push((id, s.lock().await.backlog_cursors()));
         }
-        out
+        let storage = self.storage.clone();
+        let counted = tokio::task::spawn_blocking(move || {
+            cursors.into_iter().map(|(id, c)| (id, crate::session::backlog(&storage, &c))).collect()
+        })
+        .await;
+        counted.map_err(|e| tracing::warn!(error = %e, "counting session backlogs failed")).ok()
     }
 }
 

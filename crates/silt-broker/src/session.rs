@@ -344,15 +344,9 @@ impl Subscription {
         true
     }
 
-    /// Number of entries between the cursor and the end of the queue (the backlog).
-    pub fn backlog(&mut self, storage: &Storage) -> u64 {
-        if self.queue_id.is_none() {
-            self.queue_id = storage.queue_id(&self.queue).ok().flatten();
-        }
-        match self.queue_id.map(|id| storage.queue_bounds(id)) {
-            Some(Ok((_, next))) => next.get().saturating_sub(self.state.cursor),
-            _ => 0,
-        }
+    /// What [`backlog`] needs to count this subscription's backlog, taken from memory.
+    pub fn backlog_cursor(&self) -> BacklogCursor {
+        BacklogCursor { queue: self.queue.clone(), id: self.queue_id, cursor: self.state.cursor }
     }
 }
 
@@ -826,13 +820,38 @@ impl Session {
         })
     }
 
-    /// Messages waiting for this session across its subscriptions.
-    pub fn backlog(&mut self, storage: &Storage) -> u64 {
-        self.subs.subs.values_mut().map(|s| s.backlog(storage)).sum()
+    /// Its subscriptions' cursors, for [`backlog`] to count off the session's lock.
+    pub fn backlog_cursors(&self) -> Vec<BacklogCursor> {
+        self.subs.subs.values().map(|s| s.backlog_cursor()).collect()
     }
 }
 
 pub type SessionRef = Arc<tokio::sync::Mutex<Session>>;
+
+/// A subscription's queue and cursor, copied out of its session.
+#[derive(Clone, Debug)]
+pub struct BacklogCursor {
+    queue: QueueName,
+    /// The queue's id when the subscription knew it.
+    id: Option<QueueId>,
+    cursor: u64,
+}
+
+/// Messages waiting between `cursors` and the end of their queues. Blocking: reads the index
+/// (call it on the blocking pool, holding no session's lock).
+pub fn backlog(storage: &Storage, cursors: &[BacklogCursor]) -> u64 {
+    cursors
+        .iter()
+        .filter_map(|c| {
+            let id = match c.id {
+                Some(id) => id,
+                None => storage.queue_id(&c.queue).ok().flatten()?,
+            };
+            let (_, next) = storage.queue_bounds(id).ok()?;
+            Some(next.get().saturating_sub(c.cursor))
+        })
+        .sum()
+}
 
 /// A session's outbound QoS 1/2 deliveries in flight, in the order they were added. One is
 /// added per QoS 1/2 delivery and removed at its acknowledgement; the connection allocates

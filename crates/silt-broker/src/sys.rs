@@ -25,7 +25,11 @@ use crate::message::Message;
 pub async fn publish_stats(broker: &std::sync::Arc<Broker>) {
     let s = &broker.stats;
     let storage = broker.storage.stats();
-    let backlogs = broker.backlogs().await;
+    // Without the backlogs this tick publishes nothing: a missing count must not read as
+    // every session gone (which clears their figures).
+    let Some(backlogs) = broker.backlogs().await else {
+        return;
+    };
     let total: u64 = backlogs.iter().map(|(_, b)| b).sum();
     // The figures live in the memory tier: one no longer on the local disk is published
     // again, changed or not, so a new `$SYS/#` subscriber still gets every figure.

@@ -267,10 +267,17 @@ impl Storage {
         if let Some(id) = self.queue_id(&QueueName::Filter(filter.as_str().to_owned()))? {
             return Ok(id);
         }
-        let appended = self.append_any(&[control(OP_REGISTER_FILTER, filter)]).await?;
-        self.wait_dispatched(appended.end).await?;
+        self.add_filter(filter).await?;
         self.queue_id(&QueueName::Filter(filter.as_str().to_owned()))?
             .ok_or_else(|| Error::Invalid(format!("filter {filter} was dropped while registering")))
+    }
+
+    /// [`Self::register_filter`] without reading the index (for callers that look the queue
+    /// up off the runtime themselves): returns once the filter's queue exists in the index,
+    /// unless a drop of it came in between. Registering a registered filter changes nothing.
+    pub async fn add_filter(&self, filter: &TopicFilter) -> Result<()> {
+        let appended = self.append_any(&[control(OP_REGISTER_FILTER, filter)]).await?;
+        self.wait_dispatched(appended.end).await
     }
 
     pub fn register_filter_blocking(&self, filter: &TopicFilter) -> Result<QueueId> {
