@@ -395,10 +395,14 @@ impl Broker {
     }
 
     /// The end of `filter`'s queue (where a new subscription starts), registering a wildcard
-    /// filter's queue first when it has none; 0 for a topic nobody published to yet. The index
-    /// is read on the blocking pool: a SUBSCRIBE never holds a runtime thread on RocksDB.
+    /// filter's queue first when it has none; 0 for a topic nobody published to yet. Memory
+    /// answers for queues created or registered since the start; otherwise the index is read
+    /// on the blocking pool: a SUBSCRIBE never holds a runtime thread on RocksDB. A wildcard
+    /// filter memory does not name is registered (appended) without a lookup first: that is
+    /// needed for a new filter anyway, and an existing one is named by it from then on.
     async fn subscribe_queue(&self, filter: &TopicFilter) -> silt_storage::Result<Offset> {
-        let end_of = |queue: QueueName| {
+        let queue = queue_for(filter);
+        let read_index = |queue: QueueName| {
             let storage = self.storage.clone();
             async move {
                 tokio::task::spawn_blocking(move || -> silt_storage::Result<Option<Offset>> {
@@ -411,16 +415,23 @@ impl Broker {
                 .map_err(|e| silt_storage::Error::Unavailable(format!("index read failed: {e}")))?
             }
         };
-        if let Some(end) = end_of(queue_for(filter)).await? {
+        let from_memory = || {
+            let id = self.storage.created_queue_id(&queue)?;
+            Some(self.storage.queue_end_cached(id))
+        };
+        if filter.has_wildcard() && from_memory().is_none() {
+            self.storage.add_filter(filter).await?;
+        }
+        if let Some(Some(end)) = from_memory() {
             return Ok(end);
         }
-        if !filter.has_wildcard() {
-            return Ok(Offset(0));
+        match read_index(queue).await? {
+            Some(end) => Ok(end),
+            None if filter.has_wildcard() => {
+                Err(silt_storage::Error::Invalid(format!("filter {filter} was dropped while registering")))
+            }
+            None => Ok(Offset(0)),
         }
-        self.storage.add_filter(filter).await?;
-        end_of(queue_for(filter))
-            .await?
-            .ok_or_else(|| silt_storage::Error::Invalid(format!("filter {filter} was dropped while registering")))
     }
 
     /// Wakes the online members of the shared group `key`, after messages went back to it.

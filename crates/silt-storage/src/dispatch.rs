@@ -119,6 +119,9 @@ struct Round<'a> {
     /// Queues created (`Some`) and dropped (`None`), queues dropped, and the entries appended,
     /// in log order (for the recent-entries cache; written to the index at commit).
     names: Vec<(Vec<u8>, Option<QueueId>)>,
+    /// Ids in `names` of filter queues that existed already, named because a registration
+    /// met them (so readers find them in memory): they get no empty run.
+    registered_again: Vec<QueueId>,
     dropped_ids: Vec<QueueId>,
     appended: Vec<(QueueId, Offset, IndexEntry)>,
     queues: Vec<QueueId>,
@@ -250,6 +253,7 @@ impl Dispatcher {
             touched: HashMap::default(),
             dropped: Vec::new(),
             names: Vec::new(),
+            registered_again: Vec::new(),
             dropped_ids: Vec::new(),
             appended: Vec::new(),
             queues: Vec::new(),
@@ -289,6 +293,7 @@ impl Dispatcher {
             touched,
             dropped,
             names,
+            registered_again,
             dropped_ids,
             appended,
             mut queues,
@@ -312,7 +317,7 @@ impl Dispatcher {
         batch.commit(cursor)?;
         // Committed: readers may now be served these entries from memory, before the new
         // position is announced.
-        self.recent.start_runs(names.iter().filter_map(|(_, id)| *id));
+        self.recent.start_runs(names.iter().filter_map(|(_, id)| *id).filter(|id| !registered_again.contains(id)));
         self.recent.extend(appended);
         for id in dropped_ids {
             self.recent.remove(id);
@@ -494,7 +499,13 @@ impl Dispatcher {
                 round.touched.remove(&key);
                 round.dropped.push(key);
             }
-            (OP_REGISTER_FILTER | OP_DROP_FILTER, _) => {} // already in the wanted state
+            (OP_REGISTER_FILTER, Some(id)) => {
+                // Already registered: named in memory all the same, so the subscriber that
+                // registered it finds its id without reading the index.
+                round.names.push((key, Some(id)));
+                round.registered_again.push(id);
+            }
+            (OP_DROP_FILTER, None) => {} // already in the wanted state
             (other, _) => tracing::warn!(op = other, position = %pos, "unknown control record skipped"),
         }
         Ok(())

@@ -272,9 +272,10 @@ impl Storage {
             .ok_or_else(|| Error::Invalid(format!("filter {filter} was dropped while registering")))
     }
 
-    /// [`Self::register_filter`] without reading the index (for callers that look the queue
-    /// up off the runtime themselves): returns once the filter's queue exists in the index,
-    /// unless a drop of it came in between. Registering a registered filter changes nothing.
+    /// [`Self::register_filter`] without reading the index (for callers that keep RocksDB off
+    /// their runtime): returns once the filter's queue exists in the index, unless a drop of
+    /// it came in between, and memory names it ([`Self::created_queue_id`]) unless forgotten
+    /// since. Registering a registered filter changes nothing in the index.
     pub async fn add_filter(&self, filter: &TopicFilter) -> Result<()> {
         let appended = self.append_any(&[control(OP_REGISTER_FILTER, filter)]).await?;
         self.wait_dispatched(appended.end).await
@@ -386,10 +387,17 @@ impl Storage {
         self.recent.read(id, from, max, self.log.floor())
     }
 
-    /// The id of a queue created since the engine opened, from memory (no RocksDB read);
-    /// `None` when memory does not name it: it may be older, or missing.
+    /// The id of a queue created since the engine opened (or a filter queue registered again
+    /// since), from memory (no RocksDB read); `None` when memory does not name it: it may be
+    /// older, or missing.
     pub fn created_queue_id(&self, name: &QueueName) -> Option<QueueId> {
         self.recent.created_id(&name.encode())
+    }
+
+    /// The end of queue `id` (the offset its next entry gets) from memory, when memory holds
+    /// the queue's newest entries; `None` when only the index can tell. Never blocks on I/O.
+    pub fn queue_end_cached(&self, id: QueueId) -> Option<Offset> {
+        self.recent.end(id)
     }
 
     /// Moves whenever memory forgets a created queue's name: a queue [`Self::queue_id`] found

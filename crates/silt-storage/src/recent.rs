@@ -159,8 +159,8 @@ impl RecentEntries {
         }
     }
 
-    /// Tells readers the queues a committed round created (`Some(id)`) and dropped (`None`),
-    /// in log order.
+    /// Tells readers the queues a committed round created (`Some(id)`; also filter queues a
+    /// registration met already there) and dropped (`None`), in log order.
     pub fn name_queues(&self, names: Vec<(Vec<u8>, Option<QueueId>)>) {
         let mut forgot = false;
         {
@@ -211,6 +211,11 @@ impl RecentEntries {
                 .map(|(i, e)| (Offset(run.first.get() + i as u64), *e))
                 .collect(),
         )
+    }
+
+    /// The end of queue `id` (the offset its next entry gets), when it has a run.
+    pub fn end(&self, id: QueueId) -> Option<Offset> {
+        self.inner.lock().expect("invariant: lock not poisoned").runs.peek(&id).map(Run::next)
     }
 
     /// Whether queue `id` has a run.

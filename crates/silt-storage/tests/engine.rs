@@ -493,6 +493,44 @@ fn a_dropped_partition_starts_again_at_zero_also_after_an_index_rebuild() {
 /// Readers that keep up get the newest entries from memory (no RocksDB read); every answer
 /// given that way is the index's own, across queues dropped and created again. Compared with a
 /// reopened engine, which starts with nothing in memory and reads the index.
+/// A subscriber learns a filter queue's id and end from memory after registering it, whether
+/// the registration created the queue or met it (after a restart), and memory never claims
+/// entries it does not hold.
+#[test]
+fn a_registered_filter_is_named_in_memory_with_its_end() {
+    use silt_types::Offset;
+    let dir = tempfile::tempdir().unwrap();
+    let f = TopicFilter::new("devices/+/t").unwrap();
+    let name = filter("devices/+/t");
+    let id = {
+        let s = open(dir.path());
+        assert_eq!(s.created_queue_id(&name), None);
+        block_on_rt(s.add_filter(&f)).unwrap();
+        let id = s.created_queue_id(&name).expect("a new filter queue is named in memory");
+        assert_eq!(s.queue_end_cached(id), Some(Offset(0)), "a new queue is empty");
+        let a =
+            s.append_blocking(&[record("d", 0, "devices/1/t", "one"), record("d", 0, "devices/2/t", "two")]).unwrap();
+        s.wait_dispatched_blocking(a.end).unwrap();
+        assert_eq!(s.queue_end_cached(id), Some(Offset(2)));
+        assert_eq!(s.queue_end_cached(id), Some(s.queue_bounds(id).unwrap().1));
+        block_on_rt(s.add_filter(&f)).unwrap();
+        assert_eq!(s.created_queue_id(&name), Some(id), "registering again keeps the queue");
+        assert_eq!(s.queue_end_cached(id), Some(Offset(2)));
+        s.close().unwrap();
+        id
+    };
+    let s = open(dir.path());
+    assert_eq!(s.created_queue_id(&name), None, "memory starts empty");
+    block_on_rt(s.add_filter(&f)).unwrap();
+    assert_eq!(s.created_queue_id(&name), Some(id), "a registration names an existing queue");
+    // Its entries are in the index only: memory must not answer for them (nor claim it empty).
+    assert_eq!(s.queue_end_cached(id), None);
+    assert_eq!(s.read_index_cached(id, Offset(0), 10), None);
+    assert_eq!(s.queue_bounds(id).unwrap().1, Offset(2));
+    let got: Vec<Bytes> = queue(&s, &name).into_iter().map(|r| r.value).collect();
+    assert_eq!(got, vec![Bytes::from("one"), Bytes::from("two")]);
+}
+
 #[test]
 fn entries_served_from_memory_are_the_index_entries() {
     use silt_types::Offset;
