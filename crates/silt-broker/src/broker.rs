@@ -953,44 +953,6 @@ impl Broker {
     pub fn session_count(&self) -> usize {
         self.state().sessions.len()
     }
-
-    /// `(sessions, total, largest)` of the backlogs `$SYS` last published (refreshed every
-    /// `sys_interval_secs`; `sessions` counts those with a figure, i.e. that had a backlog):
-    /// cheap, for scrapes.
-    pub fn backlog_summary(&self) -> (usize, u64, u64) {
-        let last = self.sys_backlogs.lock().expect("invariant: lock not poisoned");
-        (last.len(), last.values().sum(), last.values().copied().max().unwrap_or(0))
-    }
-
-    /// The `n` sessions with the most messages waiting, most first (client id, backlog), as
-    /// `$SYS` last published them: cheap, for the status page.
-    pub fn largest_backlogs(&self, n: usize) -> Vec<(String, u64)> {
-        let last = self.sys_backlogs.lock().expect("invariant: lock not poisoned");
-        let mut all: Vec<(String, u64)> = last.iter().map(|(k, v)| (k.clone(), *v)).collect();
-        drop(last);
-        all.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        all.truncate(n);
-        all
-    }
-
-    /// Messages waiting per session (client id, backlog), for `$SYS`. The cursors are copied
-    /// under each session's lock (memory only); the index is read for all of them at once on
-    /// the blocking pool, so neither a runtime thread nor a session waits on RocksDB. `None`
-    /// when the count could not run (the runtime shutting down).
-    pub async fn backlogs(&self) -> Option<Vec<(String, u64)>> {
-        let sessions: Vec<(String, SessionRef)> =
-            self.state().sessions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let mut cursors = Vec::with_capacity(sessions.len());
-        for (id, s) in sessions {
-            cursors.push((id, s.lock().await.backlog_cursors()));
-        }
-        let storage = self.storage.clone();
-        let counted = tokio::task::spawn_blocking(move || {
-            cursors.into_iter().map(|(id, c)| (id, crate::session::backlog(&storage, &c))).collect()
-        })
-        .await;
-        counted.map_err(|e| tracing::warn!(error = %e, "counting session backlogs failed")).ok()
-    }
 }
 
 mod admin;

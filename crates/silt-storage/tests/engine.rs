@@ -490,9 +490,6 @@ fn a_dropped_partition_starts_again_at_zero_also_after_an_index_rebuild() {
     assert_eq!(queue(&s, &topic("gone/x")).len(), 6, "the MQTT topic's queue keeps every record");
 }
 
-/// Readers that keep up get the newest entries from memory (no RocksDB read); every answer
-/// given that way is the index's own, across queues dropped and created again. Compared with a
-/// reopened engine, which starts with nothing in memory and reads the index.
 /// A subscriber learns a filter queue's id and end from memory after registering it, whether
 /// the registration created the queue or met it (after a restart), and memory never claims
 /// entries it does not hold.
@@ -531,6 +528,9 @@ fn a_registered_filter_is_named_in_memory_with_its_end() {
     assert_eq!(got, vec![Bytes::from("one"), Bytes::from("two")]);
 }
 
+/// Readers that keep up get the newest entries from memory (no RocksDB read); every answer
+/// given that way is the index's own, across queues dropped and created again. Compared with a
+/// reopened engine, which starts with nothing in memory and reads the index.
 #[test]
 fn entries_served_from_memory_are_the_index_entries() {
     use silt_types::Offset;

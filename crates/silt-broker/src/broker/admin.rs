@@ -1,14 +1,15 @@
 //! What the admin API asks of the broker: sessions as operators see them, kicking a client,
 //! ending an offline session.
 //!
-//! Backlogs read the index: [`SessionView::backlog`] is blocking and runs without any session
-//! lock held (the view copies the cursors out first).
+//! Backlogs read the index: they are counted off the runtime and without any session lock
+//! held, from cursors copied out first ([`SessionView::backlog`], [`Broker::backlogs`]).
 
 use std::time::Duration;
 
-use silt_storage::{QueueName, Storage};
+use silt_storage::Storage;
 
 use super::Broker;
+use crate::session::{BacklogCursor, SessionRef, backlog};
 
 /// One session's state copied out for the admin API.
 #[derive(Clone, Debug)]
@@ -17,20 +18,13 @@ pub struct SessionView {
     pub online: bool,
     /// Topic filters, shared ones as `$share/{group}/{filter}`.
     pub subscriptions: Vec<String>,
-    cursors: Vec<(QueueName, u64)>,
+    cursors: Vec<BacklogCursor>,
 }
 
 impl SessionView {
     /// Messages waiting on the session's own subscriptions. Blocking (reads the index).
     pub fn backlog(&self, storage: &Storage) -> u64 {
-        self.cursors
-            .iter()
-            .filter_map(|(queue, cursor)| {
-                let id = storage.queue_id(queue).ok().flatten()?;
-                let (_, next) = storage.queue_bounds(id).ok()?;
-                Some(next.get().saturating_sub(*cursor))
-            })
-            .sum()
+        backlog(storage, &self.cursors)
     }
 }
 
@@ -66,8 +60,7 @@ impl Broker {
             let g = s.lock().await;
             let mut subscriptions: Vec<String> = g.subs.subs.keys().map(|f| f.to_string()).collect();
             subscriptions.extend(g.shared.keys().cloned());
-            let cursors = g.subs.subs.values().map(|s| (s.queue.clone(), s.state.cursor)).collect();
-            out.push(SessionView { client_id, online, subscriptions, cursors });
+            out.push(SessionView { client_id, online, subscriptions, cursors: g.backlog_cursors() });
         }
         out
     }
@@ -134,5 +127,46 @@ impl Broker {
         let _unmark = Unmark(self, client_id);
         self.end_session(&session).await;
         Ok(kicked)
+    }
+}
+
+/// Backlogs for `$SYS`, the metrics and the status page.
+impl Broker {
+    /// `(sessions, total, largest)` of the backlogs `$SYS` last published (refreshed every
+    /// `sys_interval_secs`; `sessions` counts those with a figure, i.e. that had a backlog):
+    /// cheap, for scrapes.
+    pub fn backlog_summary(&self) -> (usize, u64, u64) {
+        let last = self.sys_backlogs.lock().expect("invariant: lock not poisoned");
+        (last.len(), last.values().sum(), last.values().copied().max().unwrap_or(0))
+    }
+
+    /// The `n` sessions with the most messages waiting, most first (client id, backlog), as
+    /// `$SYS` last published them: cheap, for the status page.
+    pub fn largest_backlogs(&self, n: usize) -> Vec<(String, u64)> {
+        let last = self.sys_backlogs.lock().expect("invariant: lock not poisoned");
+        let mut all: Vec<(String, u64)> = last.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        drop(last);
+        all.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        all.truncate(n);
+        all
+    }
+
+    /// Messages waiting per session (client id, backlog), for `$SYS`. The cursors are copied
+    /// under each session's lock (memory only); the index is read for all of them at once on
+    /// the blocking pool, so neither a runtime thread nor a session waits on RocksDB. `None`
+    /// when the count could not run (the runtime shutting down).
+    pub async fn backlogs(&self) -> Option<Vec<(String, u64)>> {
+        let sessions: Vec<(String, SessionRef)> =
+            self.state().sessions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut cursors = Vec::with_capacity(sessions.len());
+        for (id, s) in sessions {
+            cursors.push((id, s.lock().await.backlog_cursors()));
+        }
+        let storage = self.storage.clone();
+        let counted = tokio::task::spawn_blocking(move || {
+            cursors.into_iter().map(|(id, c)| (id, backlog(&storage, &c))).collect()
+        })
+        .await;
+        counted.map_err(|e| tracing::warn!(error = %e, "counting session backlogs failed")).ok()
     }
 }
