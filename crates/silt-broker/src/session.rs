@@ -37,6 +37,9 @@ use smallvec::SmallVec;
 
 use crate::message::Message;
 
+mod pending;
+use pending::Pending;
+
 /// Internal stream of session snapshots.
 pub const SESSIONS_STREAM: &str = "__silt_sessions";
 
@@ -244,7 +247,7 @@ pub struct Subscription {
     read: Offset,
     buf: VecDeque<(Offset, IndexEntry)>,
     /// Sent, not yet acknowledged (with the entry, to put it back if released).
-    pending: BTreeMap<Offset, IndexEntry>,
+    pending: Pending,
     /// Done before the pull reached them (settled before a reconnect or restart, or restored
     /// in-flight deliveries completed early): skipped when the pull gets there, never sent
     /// again.
@@ -269,7 +272,7 @@ impl Subscription {
             queue_id: None,
             read,
             buf: VecDeque::new(),
-            pending: BTreeMap::new(),
+            pending: Pending::default(),
             done,
             absent: None,
             quiet: None,
@@ -282,7 +285,7 @@ impl Subscription {
         let mut out = self.done.clone();
         let holes: BTreeSet<u64> = self
             .pending
-            .keys()
+            .offsets()
             .map(|o| o.get())
             .chain(self.buf.iter().map(|(o, _)| o.get()).filter(|o| !self.done.contains(*o)))
             .collect();
@@ -304,7 +307,7 @@ impl Subscription {
 
     fn recompute_cursor(&mut self) {
         let next_undelivered = self.buf.front().map_or(self.read, |(o, _)| *o);
-        let first_pending = self.pending.first_key_value().map(|(o, _)| *o);
+        let first_pending = self.pending.first();
         self.state.cursor = first_pending.map_or(next_undelivered, |p| p.min(next_undelivered)).get();
     }
 
@@ -539,7 +542,7 @@ impl Subscriptions {
             let mut ids = Vec::new();
             let mut settles = Settles::new();
             for (f, s, o, _) in matched.iter_mut() {
-                if s.pending.contains_key(o) {
+                if s.pending.contains(*o) {
                     continue; // held by a restored in-flight delivery
                 }
                 if s.done.remove(o.get()) {
@@ -664,7 +667,7 @@ impl Subscriptions {
     pub fn settle(&mut self, settles: &[(Arc<str>, Offset)]) {
         for (filter, off) in settles {
             if let Some(s) = self.subs.get_mut(&**filter) {
-                s.pending.remove(off);
+                s.pending.remove(*off);
                 // A restored delivery can complete before the pull has passed its offset.
                 // (An offset the pull passed lies below the buffer; the buffer is in order.)
                 let unpulled = *off >= s.read
@@ -694,7 +697,7 @@ impl Subscriptions {
     pub fn release(&mut self, settles: &[(Arc<str>, Offset)]) {
         for (filter, off) in settles {
             if let Some(s) = self.subs.get_mut(&**filter)
-                && let Some(e) = s.pending.remove(off)
+                && let Some(e) = s.pending.remove(*off)
             {
                 let at = s.buf.partition_point(|(o, _)| o < off);
                 s.buf.insert(at, (*off, e));
