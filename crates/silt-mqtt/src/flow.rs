@@ -10,7 +10,7 @@
 //! round-robin from 1 and never 0; a QoS 2 message completes only by PUBCOMP after its PUBREC
 //! (or by an error PUBREC).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::reason::ReasonCode;
@@ -37,14 +37,17 @@ pub enum PubRecOutcome<T> {
 /// Outbound QoS 1/2 messages awaiting acknowledgement, within a window (the peer's Receive
 /// Maximum, capped by our own limit). `T` is whatever the caller settles on completion.
 pub struct Outbound<T> {
-    inflight: BTreeMap<u16, Slot<T>>,
+    /// Hashed (a message's insert and removal are on every QoS 1/2 delivery: cheaper than a
+    /// B-tree's node walks) with a fixed seed: the ids are ours, allocated here or restored
+    /// from our own records, and a peer's id is only looked up.
+    inflight: HashMap<u16, Slot<T>, foldhash::fast::FixedState>,
     next_id: u16,
     window: usize,
 }
 
 impl<T> Outbound<T> {
     pub fn new(window: u16) -> Self {
-        Self { inflight: BTreeMap::new(), next_id: 1, window: usize::from(window.max(1)) }
+        Self { inflight: HashMap::default(), next_id: 1, window: usize::from(window.max(1)) }
     }
 
     /// How many more QoS 1/2 messages may be sent now.
@@ -62,9 +65,26 @@ impl<T> Outbound<T> {
 
     /// Allocates a packet id for a QoS 1/2 message and records it as in flight.
     pub fn send(&mut self, qos: QoS, data: T) -> PacketId {
-        let id = self.allocate();
-        self.inflight.insert(id.get(), Slot { qos, released: false, data });
+        let id = self.free_id();
+        self.send_as(id, qos, data);
         id
+    }
+
+    /// The id [`Outbound::send`] would allocate now, for a caller that encodes the packet
+    /// before it knows it will be sent (then [`Outbound::send_as`]). Needs room.
+    pub fn free_id(&self) -> PacketId {
+        let mut id = self.next_id;
+        while self.inflight.contains_key(&id) {
+            id = next(id);
+        }
+        PacketId::new(id).expect("invariant: ids start at 1 and skip 0")
+    }
+
+    /// Records as in flight a message sent under `id`, which [`Outbound::free_id`] gave.
+    pub fn send_as(&mut self, id: PacketId, qos: QoS, data: T) {
+        debug_assert!(!self.inflight.contains_key(&id.get()), "packet id {id:?} in flight twice");
+        self.next_id = next(id.get());
+        self.inflight.insert(id.get(), Slot { qos, released: false, data });
     }
 
     /// Records a message resent under its original id (a restored session).
@@ -76,16 +96,6 @@ impl<T> Outbound<T> {
     /// completes on PUBCOMP; its PUBLISH is never sent again.
     pub fn restore_released(&mut self, id: PacketId, data: T) {
         self.inflight.insert(id.get(), Slot { qos: QoS::ExactlyOnce, released: true, data });
-    }
-
-    fn allocate(&mut self) -> PacketId {
-        loop {
-            let id = self.next_id;
-            self.next_id = if id == u16::MAX { 1 } else { id + 1 };
-            if !self.inflight.contains_key(&id) {
-                return PacketId::new(id).expect("invariant: ids start at 1 and skip 0");
-            }
-        }
     }
 
     /// PUBACK: completes a QoS 1 message.
@@ -119,10 +129,17 @@ impl<T> Outbound<T> {
         ok.then(|| self.inflight.remove(&id.get()).expect("invariant: present").data)
     }
 
-    /// Everything still in flight (the connection is ending).
-    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
-        std::mem::take(&mut self.inflight).into_values().map(|s| s.data)
+    /// Everything still in flight (the connection is ending), in packet id order.
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + use<T> {
+        let mut all: Vec<(u16, Slot<T>)> = std::mem::take(&mut self.inflight).into_iter().collect();
+        all.sort_unstable_by_key(|(id, _)| *id);
+        all.into_iter().map(|(_, s)| s.data)
     }
+}
+
+/// The packet id after `id`, round-robin, skipping 0.
+fn next(id: u16) -> u16 {
+    if id == u16::MAX { 1 } else { id + 1 }
 }
 
 /// Topic aliases a peer set on its PUBLISHes (MQTT 5.0 §3.3.2.3.4).
@@ -172,17 +189,22 @@ impl OutboundAliases {
         Self { map: HashMap::new(), max }
     }
 
-    /// `(alias, send the topic name too)` for a PUBLISH on `topic`.
-    pub fn apply(&mut self, topic: &str) -> (Option<u16>, bool) {
+    /// `(alias, send the topic name too)` for a PUBLISH on `topic`. A new alias is only
+    /// offered: it is defined by [`OutboundAliases::define`] once that PUBLISH is sent.
+    pub fn lookup(&self, topic: &str) -> (Option<u16>, bool) {
         if let Some(&a) = self.map.get(topic) {
             return (Some(a), false);
         }
         if self.map.len() < usize::from(self.max) {
-            let a = self.map.len() as u16 + 1;
-            self.map.insert(topic.to_owned(), a);
-            return (Some(a), true);
+            return (Some(self.map.len() as u16 + 1), true);
         }
         (None, true)
+    }
+
+    /// Records the alias [`OutboundAliases::lookup`] offered for `topic`: the PUBLISH that
+    /// carries both went out.
+    pub fn define(&mut self, topic: &str, alias: u16) {
+        self.map.insert(topic.to_owned(), alias);
     }
 }
 
@@ -225,6 +247,18 @@ mod tests {
     }
 
     #[test]
+    fn what_is_still_in_flight_drains_in_id_order() {
+        let mut o = Outbound::new(100);
+        for n in [40, 3, 17, 9] {
+            o.restore(id(n), QoS::AtLeastOnce, n);
+        }
+        assert_eq!(o.send(QoS::AtLeastOnce, 100), id(1));
+        assert_eq!(o.on_puback(id(17)), Some(17));
+        assert_eq!(o.drain().collect::<Vec<_>>(), vec![100, 3, 9, 40]);
+        assert!(o.is_empty() && o.room() == 100);
+    }
+
+    #[test]
     fn refused_pubrec_ends_the_message() {
         let mut o = Outbound::new(5);
         let x = o.send(QoS::ExactlyOnce, "x");
@@ -250,9 +284,11 @@ mod tests {
     #[test]
     fn outbound_aliases_send_the_topic_once() {
         let mut a = OutboundAliases::new(1);
-        assert_eq!(a.apply("t/1"), (Some(1), true));
-        assert_eq!(a.apply("t/1"), (Some(1), false));
-        assert_eq!(a.apply("t/2"), (None, true), "beyond the peer's maximum: plain topic");
+        assert_eq!(a.lookup("t/1"), (Some(1), true));
+        assert_eq!(a.lookup("t/1"), (Some(1), true), "offered, not defined until sent");
+        a.define("t/1", 1);
+        assert_eq!(a.lookup("t/1"), (Some(1), false));
+        assert_eq!(a.lookup("t/2"), (None, true), "beyond the peer's maximum: plain topic");
     }
 
     #[test]

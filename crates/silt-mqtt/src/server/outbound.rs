@@ -22,15 +22,40 @@ impl<T> Connection<T> {
     /// [`Event::Delivered`] once the client completes it (QoS 1/2), or at once if it cannot be
     /// sent. The driver sets QoS, retain, DUP and (MQTT 5.0) the properties; the connection
     /// assigns the packet id and the topic alias.
-    pub fn send(&mut self, publish: Publish, data: T) -> Sent<T> {
+    pub fn send(&mut self, mut publish: Publish, data: T) -> Sent<T> {
         let acknowledged = publish.qos != QoS::AtMostOnce;
         if !matches!(self.phase, Phase::Open) || (acknowledged && self.inflight.room() == 0) {
             return Sent::NoRoom(data);
         }
-        let Some(mut publish) = self.fit(publish) else { return Sent::TooLarge(data) };
-        let id = acknowledged.then(|| self.inflight.send(publish.qos, data));
+        // Encoded once, as it goes out (id and topic alias in place), and measured against the
+        // client's Maximum Packet Size as encoded: a packet that does not fit is taken back, and
+        // neither its id nor a new alias is used.
+        let id = acknowledged.then(|| self.inflight.free_id());
         publish.packet_id = id;
-        self.queue(&Packet::Publish(publish));
+        let mut new_alias = None;
+        if self.version.is_v5() {
+            let (alias, send_topic) = self.outbound_aliases.lookup(&publish.topic);
+            publish.properties.topic_alias = alias;
+            match alias {
+                Some(a) if send_topic => new_alias = Some(a),
+                Some(_) => publish.topic.clear(),
+                None => {}
+            }
+        }
+        let packet = Packet::Publish(publish);
+        let start = self.transmit.len();
+        let fits = packet.encode(self.version, &mut self.transmit).is_ok()
+            && (self.transmit.len() - start) as u64 <= u64::from(self.client_max_packet);
+        if !fits {
+            self.transmit.truncate(start);
+            return Sent::TooLarge(data);
+        }
+        if let (Some(a), Packet::Publish(p)) = (new_alias, &packet) {
+            self.outbound_aliases.define(&p.topic, a);
+        }
+        if let (Some(id), Packet::Publish(p)) = (id, &packet) {
+            self.inflight.send_as(id, p.qos, data);
+        }
         Sent::Queued(id)
     }
 
@@ -55,28 +80,6 @@ impl<T> Connection<T> {
         }
         self.inflight.restore_released(id, data);
         self.queue(&Packet::PubRel(PubResponse::new(id)));
-    }
-
-    /// The PUBLISH, with its topic alias applied, if it fits the client's Maximum Packet Size
-    /// (checked before an alias is assigned, so a dropped message never defines one).
-    fn fit(&mut self, mut p: Publish) -> Option<Publish> {
-        if p.qos != QoS::AtMostOnce {
-            p.packet_id = PacketId::new(1); // same encoded size as the real id
-        }
-        let packet = Packet::Publish(p);
-        if !packet.encoded_len(self.version).is_ok_and(|n| n as u64 <= u64::from(self.client_max_packet)) {
-            return None;
-        }
-        let Packet::Publish(mut p) = packet else { unreachable!("invariant: built as a PUBLISH") };
-        p.packet_id = None;
-        if self.version.is_v5() {
-            let (alias, send_topic) = self.outbound_aliases.apply(&p.topic);
-            p.properties.topic_alias = alias;
-            if !send_topic {
-                p.topic.clear();
-            }
-        }
-        Some(p)
     }
 
     pub(super) fn on_puback(&mut self, r: PubResponse) {

@@ -115,6 +115,27 @@ fn a_message_larger_than_the_clients_maximum_is_discarded_as_delivered() {
 }
 
 #[test]
+fn the_clients_maximum_counts_the_topic_alias_the_packet_carries() {
+    // Sized to fit without its Topic Alias property (3 bytes), not with it.
+    let mut edge = publish("big/a", &[b'x'; 40], QoS::AtLeastOnce);
+    edge.packet_id = Some(id(1));
+    edge.properties.topic_alias = Some(1);
+    let with_alias = u32::try_from(Packet::Publish(edge).encoded_len(V5).unwrap()).unwrap();
+    let props = ConnectProperties {
+        maximum_packet_size: Some(with_alias - 1),
+        topic_alias_maximum: Some(2),
+        ..ConnectProperties::default()
+    };
+    let mut w = World::connected(with_properties("edge", props));
+    let edge = w.deliver(publish("big/a", &[b'x'; 40], QoS::AtLeastOnce));
+    assert!(raw_publishes(&w).is_empty(), "nothing over the client's maximum goes out");
+    assert_eq!(w.broker.settled, [edge], "discarded as delivered");
+    w.deliver(publish("big/a", &[b'x'; 30], QoS::AtLeastOnce));
+    let p = &raw_publishes(&w)[0];
+    assert_eq!((p.topic.as_str(), p.properties.topic_alias), ("big/a", Some(1)));
+}
+
+#[test]
 fn qos2_completes_on_pubcomp_after_pubrec_or_on_a_refusing_pubrec() {
     let mut w = World::connected(Connect::new(V5, "q2", 60));
     w.client.auto_ack = false;
