@@ -19,6 +19,8 @@ import queue
 import threading
 import time
 
+import requests
+
 from tiering_harness import (
     SESSION_FOREVER, Closed, ConnectRefused, Ledger, Receiver, dir_bytes, is_success, wait_until,
 )
@@ -63,6 +65,13 @@ def publish_load(client, ledger, topics, count, size, window=100):
     bad = [(k, hex(rc)) for k, rc in zip(keys, rcs) if not is_success(rc)]
     assert not bad, f"{len(bad)} publishes refused, e.g. {bad[:5]}"
     return last_ms[0]
+
+
+def log_end(node):
+    """The commitlog's end position on `node` (its admin `/api/status`)."""
+    r = requests.get(f"http://127.0.0.1:{node.admin_port}/api/status", timeout=10)
+    r.raise_for_status()
+    return r.json()["storage"]["log_end"]
 
 
 def wait_uploaded(monitor, since, timeout=90):
@@ -458,11 +467,15 @@ def test_retention_deletes_objects(tiering):
     pub = t.client(node, "retention-pub")
 
     def publish_and_wait_uploaded(topics, count):
-        last_ms = publish_load(pub, ledger, topics, count, 1024, window=20)
+        publish_load(pub, ledger, topics, count, 1024, window=20)
+        # Every message published is below the log's end now: wait until sealed objects cover
+        # it. (A timestamp is not enough: the segment can be sealed by age in the middle of the
+        # last millisecond's messages, and the rest would share an object with the next topics.)
+        end = log_end(node)
 
         def uploaded():
             m = t.manifest()
-            return m if m and any(o["max_ts"] >= last_ms for o in m["objects"]) else None
+            return m if m and any(o["end"] >= end for o in m["objects"]) else None
         return wait_until(uploaded, 30, what=f"{topics[0]}... uploaded")
 
     with_short = t.manifest_keys(publish_and_wait_uploaded([f"short/{i}" for i in range(4)], 40))
