@@ -42,6 +42,7 @@ impl<T> Connection<T> {
                 None => {}
             }
         }
+        let qos = publish.qos;
         let packet = Packet::Publish(publish);
         let start = self.transmit.len();
         let fits = packet.encode(self.version, &mut self.transmit).is_ok()
@@ -53,8 +54,8 @@ impl<T> Connection<T> {
         if let (Some(a), Packet::Publish(p)) = (new_alias, &packet) {
             self.outbound_aliases.define(&p.topic, a);
         }
-        if let (Some(id), Packet::Publish(p)) = (id, &packet) {
-            self.inflight.send_as(id, p.qos, data);
+        if let Some(id) = id {
+            self.inflight.send_as(id, qos, data);
         }
         Sent::Queued(id)
     }
