@@ -785,6 +785,17 @@ impl Broker {
         self.submit_uncounted(message).await
     }
 
+    /// Hands publishes of one client to the log as one batch (see the connection's `Group`):
+    /// `acked` when any of them waits for its acknowledgement (QoS 1/2).
+    pub(crate) async fn submit_records(
+        self: &Arc<Self>,
+        records: Vec<Record>,
+        acked: bool,
+    ) -> silt_storage::Result<AckFuture> {
+        self.stats.messages_received.fetch_add(records.len() as u64, Ordering::Relaxed);
+        self.appender.submit(records, Assign::ByKey, acked).await
+    }
+
     /// [`Broker::submit`] for the node's own messages (`$SYS`): not counted as received
     /// from clients.
     pub(crate) async fn submit_uncounted(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {

@@ -45,6 +45,33 @@ mod outbound;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages pulled per wake-up before the loop services the socket again.
 const PULL_BATCH: usize = 256;
+/// Most publishes of one read handed to the log as one batch, and their bytes (a lone
+/// publish goes alone at any size; see [`Group`]).
+const GROUP_RECORDS: usize = 512;
+const GROUP_BYTES: usize = 256 << 10;
+/// What a record's batch may add beside it, counted against the group's bytes: a retained
+/// message's pointer, a new stream's registration.
+const GROUP_RECORD_OVERHEAD: usize = 256;
+
+/// The tokens a store answers: one per QoS 1/2 publish of its group, none for QoS 0 ones.
+type Tokens = smallvec::SmallVec<[Token; 4]>;
+
+/// Publishes read together (one read from the socket), handed to the log as one batch when
+/// the read's packets are done: one append, one acknowledgement and one index round for a
+/// client's burst instead of one each. A batch is acknowledged as a whole, so a group keeps to
+/// one tiering decision (a memory-tier publish never waits for an fsync, nor a local-ack one
+/// for an upload, because of its neighbours) and every PUBACK of the group waits for the same
+/// fsync the first would have; a group never waits for more input.
+#[derive(Default)]
+struct Group {
+    tier: silt_dataset::TierDecision,
+    records: Vec<silt_storage::Record>,
+    tokens: Tokens,
+    bytes: usize,
+    /// Whether any publish waits for its acknowledgement (QoS 1/2).
+    acked: bool,
+    received: Option<std::time::Instant>,
+}
 
 /// An outbound QoS 1/2 message waiting for the client: what its completion settles.
 struct Inflight {
@@ -125,7 +152,9 @@ struct Conn<R, W> {
     /// Inbound publishes handed to the log, oldest first, with when each arrived: a QoS 1/2
     /// one (with its token) awaits durability for its acknowledgement; a QoS 0 one (no token)
     /// only for the work its append finishes (a retained pointer, a stream's registration).
-    stores: VecDeque<(Option<Token>, AckFuture, std::time::Instant)>,
+    stores: VecDeque<(Tokens, AckFuture, std::time::Instant)>,
+    /// Publishes not yet handed to the log (see [`Group`]); boxed, and given back when idle.
+    group: Option<Box<Group>>,
     /// Retained messages owed to new subscriptions (message, granted QoS, subscription id).
     retained_queue: VecDeque<(Message, silt_mqtt::QoS, Option<u32>)>,
     want_pull: bool,
@@ -227,6 +256,7 @@ where
                             by_operator: connected.by_operator,
                             shutdown,
                             stores: VecDeque::new(),
+                            group: None,
                             retained_queue: VecDeque::new(),
                             want_pull: true,
                             qos2_unpersisted: Vec::new(),
@@ -405,25 +435,37 @@ where
         if self.stores.is_empty() && self.stores.capacity() > 0 {
             self.stores = VecDeque::new();
         }
+        if self.group.as_ref().is_some_and(|g| g.records.is_empty()) {
+            self.group = None;
+        }
     }
 
-    /// Feeds the core every whole packet buffered, executing the requests of each.
+    /// Feeds the core every whole packet buffered, executing the requests of each; the
+    /// publishes among them go to the log together once all are read.
     async fn read_packets(&mut self) {
         let now = Instant::now().into_std();
         while self.core.handle_input(now, &mut self.inbuf) {
-            self.run_events().await;
+            self.run_events_grouped().await;
         }
+        self.submit_group().await;
     }
 
     /// Answers the oldest store with its append's outcome.
     fn stored(&mut self, ack: silt_storage::Result<Appended>) {
-        let (token, _, received) = self.stores.pop_front().expect("invariant: a store was pending");
-        let Some(token) = token else { return }; // QoS 0: nothing to acknowledge
+        let (tokens, _, received) = self.stores.pop_front().expect("invariant: a store was pending");
+        if tokens.is_empty() {
+            return; // QoS 0: nothing to acknowledge
+        }
         if ack.is_ok() {
-            self.broker.stats.ack_latency.observe(received.elapsed());
+            let latency = received.elapsed();
+            for _ in &tokens {
+                self.broker.stats.ack_latency.observe(latency);
+            }
         }
         let stored = self.durable(ack);
-        self.core.handle_stored(token, stored);
+        for token in tokens {
+            self.core.handle_stored(token, stored);
+        }
     }
 
     /// Answers every further store already answered by the log: a group commit answers many

@@ -121,6 +121,13 @@ impl Appender {
         let _ = self.tiers.set(tiers);
     }
 
+    /// What tiering decides for `topic` (the default, durable and acknowledged locally, until
+    /// tiering is set): callers that gather records into one batch keep to one decision per
+    /// batch, since a batch is acknowledged as a whole.
+    pub fn decide(&self, topic: &str) -> TierDecision {
+        self.tiers.get().map(|t| t.decide(topic)).unwrap_or_default()
+    }
+
     /// Keeps the retained index of retained records from now on.
     pub fn set_retained(&self, retained: Arc<dyn RetainedIndex>) {
         let _ = self.retained.set(retained);

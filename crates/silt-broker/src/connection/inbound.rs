@@ -18,7 +18,19 @@ where
 {
     /// Executes the core's requests, feeding the answers back, until it has none.
     pub(super) async fn run_events(&mut self) {
+        self.run_events_grouped().await;
+        self.submit_group().await;
+    }
+
+    /// [`Self::run_events`], leaving the last publishes in the group for more of the same read
+    /// to join (the caller submits it).
+    pub(super) async fn run_events_grouped(&mut self) {
         while let Some(event) = self.core.poll_event() {
+            if !matches!(event, Event::Publish { .. }) {
+                // Whatever else the client sent is executed after the publishes before it,
+                // as it was sent.
+                self.submit_group().await;
+            }
             match event {
                 Event::Publish { token, publish } => self.store(token, publish).await,
                 Event::Qos2Received(id) => {
@@ -58,7 +70,8 @@ where
         }
     }
 
-    /// Hands a publish to the log; its answer is awaited in `stores`.
+    /// Adds a publish to the group bound for the log (see [`Group`]); its answer is awaited in
+    /// `stores`.
     async fn store(&mut self, token: Option<Token>, p: Publish) {
         let received = std::time::Instant::now();
         if let (Some(token), Some(id), QoS::ExactlyOnce) = (token, p.packet_id, p.qos)
@@ -92,13 +105,39 @@ where
             publisher: Some(self.client_id.clone()),
             timestamp: Timestamp::now(),
         };
-        match self.broker.submit(&message).await {
+        let record = message.to_record();
+        let bytes = record.encoded_len() + GROUP_RECORD_OVERHEAD;
+        let limit = GROUP_BYTES.min(self.broker.storage.config().max_batch_bytes as usize / 2);
+        let tier = self.broker.appender().decide(&message.topic);
+        if self.group.as_ref().is_some_and(|g| {
+            !g.records.is_empty() && (g.records.len() >= GROUP_RECORDS || g.bytes + bytes > limit || g.tier != tier)
+        }) {
+            self.submit_group().await;
+        }
+        let g = self.group.get_or_insert_default();
+        g.tier = tier;
+        g.received.get_or_insert(received);
+        g.records.push(record);
+        g.bytes += bytes;
+        g.acked |= token.is_some();
+        g.tokens.extend(token);
+    }
+
+    /// Hands the group's publishes to the log as one batch.
+    pub(super) async fn submit_group(&mut self) {
+        let Some(g) = self.group.as_mut().filter(|g| !g.records.is_empty()) else { return };
+        let records = std::mem::take(&mut g.records);
+        let tokens = std::mem::take(&mut g.tokens);
+        let received = g.received.take().expect("invariant: set with the first record");
+        let acked = std::mem::take(&mut g.acked);
+        g.bytes = 0;
+        match self.broker.submit_records(records, acked).await {
             // QoS 0 too: nobody waits for its durability, but its append finishes when it is
             // answered, and answers come in order, so it waits in line (no task of its own).
-            Ok(ack) => self.stores.push_back((token, ack, received)),
+            Ok(ack) => self.stores.push_back((tokens, ack, received)),
             Err(e) => {
                 tracing::warn!(client_id = %self.client_id, error = %e, "publish could not be stored");
-                if let Some(token) = token {
+                for token in tokens {
                     self.core.handle_stored(token, Stored::Failed);
                 }
             }

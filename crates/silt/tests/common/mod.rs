@@ -97,6 +97,25 @@ impl Silt {
     /// The commitlog's end position (bytes written since it began), from the admin API's
     /// `/api/status`. Not the segment files' sizes: the active one holds preallocated zeros.
     pub fn log_end(&self) -> u64 {
+        let body = self.admin_get("/api/status");
+        body.split("\"log_end\":")
+            .nth(1)
+            .and_then(|rest| rest.trim_start().split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no log_end in /api/status: {body}"))
+    }
+
+    /// A figure of `/metrics` without labels (a histogram's `_count`, a counter's `_total`).
+    pub fn metric(&self, name: &str) -> f64 {
+        let body = self.admin_get("/metrics");
+        body.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics: {body}"))
+    }
+
+    /// The response to a GET of `path` on the admin listener, headers and body.
+    fn admin_get(&self, path: &str) -> String {
         use std::io::{Read, Write};
         let addr = {
             let log = self.log.lock().unwrap();
@@ -109,14 +128,10 @@ impl Silt {
         };
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
-        write!(s, "GET /api/status HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
-        body.split("\"log_end\":")
-            .nth(1)
-            .and_then(|rest| rest.trim_start().split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no log_end in /api/status: {body}"))
+        body
     }
 
     pub fn log_contains(&self, needle: &str) -> bool {
