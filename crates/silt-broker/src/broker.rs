@@ -781,8 +781,7 @@ impl Broker {
     /// durable (and, for a retained message, once the retained index points at it), through
     /// the append path every protocol shares.
     pub async fn submit(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
-        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
-        self.submit_uncounted(message).await
+        self.submit_records(vec![message.to_record()], message.qos > 0).await
     }
 
     /// Hands publishes of one client to the log as one batch (see the connection's `Group`):
