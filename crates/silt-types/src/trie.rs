@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 
+use smallvec::SmallVec;
+
 use crate::topic::TopicFilter;
 
 #[derive(Debug)]
@@ -274,13 +276,18 @@ fn remove_value<V: PartialEq>(vals: &mut Vec<V>, value: &V) -> bool {
 /// Depth-first walk with an explicit stack: a topic has up to 32,768 levels, and a client
 /// chooses them, so the depth must never be the call stack's. `path` holds the filter text of
 /// the node being visited, so callers can tell which filter matched.
+/// A node to visit: the node, its depth, the length of its parent's path, its level key, and
+/// the topic's levels below it (`None` past the last).
+type Visit<'a, 'n, V> = (&'a Node<V>, usize, usize, &'a str, Option<&'n str>);
+
 fn walk<'a, V>(root: &'a Node<V>, name: &str, f: &mut dyn FnMut(&str, &'a V)) {
-    let levels: Vec<&str> = name.split('/').collect();
     let dollar = name.starts_with('$');
-    let mut path = String::new();
-    // (node, its depth, the length of its parent's path, its level key)
-    let mut stack: Vec<(&'a Node<V>, usize, usize, &'a str)> = vec![(root, 0, 0, "")];
-    while let Some((node, depth, parent_len, key)) = stack.pop() {
+    let mut path = String::with_capacity(name.len() + 2);
+    // On the stack for the depths topics have: one walk per dispatched record per trie, so
+    // no allocation but the path's.
+    let mut stack: SmallVec<[Visit<'a, '_, V>; 16]> = SmallVec::new();
+    stack.push((root, 0, 0, "", Some(name)));
+    while let Some((node, depth, parent_len, key, rest)) = stack.pop() {
         // Every node visited since this one was pushed lies below its parent, so the buffer
         // still starts with the parent's path.
         path.truncate(parent_len);
@@ -299,22 +306,26 @@ fn walk<'a, V>(root: &'a Node<V>, name: &str, f: &mut dyn FnMut(&str, &'a V)) {
             }
             path.truncate(len);
         }
-        let Some(level) = levels.get(depth) else {
+        let Some(rest) = rest else {
             for v in &node.values {
                 f(&path, v);
             }
             continue;
         };
+        let (level, below) = match rest.split_once('/') {
+            Some((level, below)) => (level, Some(below)),
+            None => (rest, None),
+        };
         let here = path.len();
         // Pushed in reverse of the visiting order: the literal child first, then `+`.
-        if *level != "+"
+        if level != "+"
             && wildcard_allowed
             && let Some((k, child)) = node.children.get_key_value("+")
         {
-            stack.push((child, depth + 1, here, k));
+            stack.push((child, depth + 1, here, k, below));
         }
         if let Some((k, child)) = node.children.get_key_value(level) {
-            stack.push((child, depth + 1, here, k));
+            stack.push((child, depth + 1, here, k, below));
         }
     }
 }
