@@ -781,18 +781,21 @@ impl Broker {
     /// durable (and, for a retained message, once the retained index points at it), through
     /// the append path every protocol shares.
     pub async fn submit(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
-        self.submit_records(vec![message.to_record()], message.qos > 0).await
+        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
+        self.appender.submit(vec![message.to_record()], Assign::ByKey, message.qos > 0).await
     }
 
-    /// Hands publishes of one client to the log as one batch (see the connection's `Group`):
-    /// `acked` when any of them waits for its acknowledgement (QoS 1/2).
+    /// Hands publishes of one client to the log as one batch (see the connection's `Group`),
+    /// all under one tiering decision: `acked` when any of them waits for its acknowledgement
+    /// (QoS 1/2).
     pub(crate) async fn submit_records(
         self: &Arc<Self>,
         records: Vec<Record>,
         acked: bool,
+        decision: silt_dataset::TierDecision,
     ) -> silt_storage::Result<AckFuture> {
         self.stats.messages_received.fetch_add(records.len() as u64, Ordering::Relaxed);
-        self.appender.submit(records, Assign::ByKey, acked).await
+        self.appender.submit_decided(records, Assign::ByKey, acked, decision).await
     }
 
     /// [`Broker::submit`] for the node's own messages (`$SYS`): not counted as received

@@ -71,6 +71,8 @@ struct Group {
     /// Whether any publish waits for its acknowledgement (QoS 1/2).
     acked: bool,
     received: Option<std::time::Instant>,
+    /// The client id as the records' publisher header: one copy for every record.
+    publisher: Option<bytes::Bytes>,
 }
 
 /// An outbound QoS 1/2 message waiting for the client: what its completion settles.
@@ -564,7 +566,7 @@ fn will_message(w: Will, client_id: &str) -> Message {
         response_topic: w.properties.response_topic,
         correlation_data: w.properties.correlation_data,
         user_properties: w.properties.user_properties,
-        publisher: Some(client_id.to_owned()),
+        publisher: Some(bytes::Bytes::copy_from_slice(client_id.as_bytes())),
         timestamp: Timestamp::now(),
     }
 }

@@ -36,13 +36,19 @@ pub struct Message {
     pub response_topic: Option<String>,
     pub correlation_data: Option<Bytes>,
     pub user_properties: Vec<(String, String)>,
-    /// Client id of the publisher (for no-local).
-    pub publisher: Option<String>,
+    /// Client id of the publisher (for no-local), as the bytes of its record header: a
+    /// connection's records share one copy, and a delivery reads it without a copy.
+    pub publisher: Option<Bytes>,
     pub timestamp: Timestamp,
 }
 
 impl Message {
     pub fn to_record(&self) -> Record {
+        self.clone().into_record()
+    }
+
+    /// [`Self::to_record`], moving the topic, payload and properties into the record.
+    pub fn into_record(self) -> Record {
         let mut attrs = u16::from(self.qos) & ATTR_QOS_MASK;
         if self.retain {
             attrs |= ATTR_RETAIN;
@@ -51,33 +57,33 @@ impl Message {
             attrs |= ATTR_UTF8_PAYLOAD;
         }
         let mut headers = Vec::with_capacity(self.user_properties.len() + 2);
-        for (k, v) in &self.user_properties {
-            let name = if k.starts_with("mqtt.") { format!("{USER_ESCAPE}{k}") } else { k.clone() };
-            headers.push((name, Some(Bytes::copy_from_slice(v.as_bytes()))));
+        for (k, v) in self.user_properties {
+            let name = if k.starts_with("mqtt.") { format!("{USER_ESCAPE}{k}") } else { k };
+            headers.push((name, Some(Bytes::from(v))));
         }
         let mut put = |k: &str, v: Bytes| headers.push((k.to_owned(), Some(v)));
-        if let Some(ct) = &self.content_type {
-            put(H_CONTENT_TYPE, Bytes::copy_from_slice(ct.as_bytes()));
+        if let Some(ct) = self.content_type {
+            put(H_CONTENT_TYPE, Bytes::from(ct));
         }
-        if let Some(rt) = &self.response_topic {
-            put(H_RESPONSE_TOPIC, Bytes::copy_from_slice(rt.as_bytes()));
+        if let Some(rt) = self.response_topic {
+            put(H_RESPONSE_TOPIC, Bytes::from(rt));
         }
-        if let Some(cd) = &self.correlation_data {
-            put(H_CORRELATION, cd.clone());
+        if let Some(cd) = self.correlation_data {
+            put(H_CORRELATION, cd);
         }
         if let Some(e) = self.expiry {
             put(H_EXPIRY, Bytes::copy_from_slice(&e.to_be_bytes()));
         }
-        if let Some(p) = &self.publisher {
-            put(H_PUBLISHER, Bytes::copy_from_slice(p.as_bytes()));
+        if let Some(p) = self.publisher {
+            put(H_PUBLISHER, p);
         }
         Record {
             timestamp: self.timestamp,
             stream: stream_of(&self.topic).to_owned(),
             partition: Partition(0),
-            topic: self.topic.clone(),
             key: Some(Bytes::copy_from_slice(self.topic.as_bytes())),
-            value: self.payload.clone(),
+            topic: self.topic,
+            value: self.payload,
             headers,
             attrs,
             control: false,
@@ -106,7 +112,7 @@ impl Message {
                 H_RESPONSE_TOPIC => m.response_topic = Some(text(&v)),
                 H_CORRELATION => m.correlation_data = Some(v),
                 H_EXPIRY => m.expiry = v.as_ref().try_into().ok().map(u32::from_be_bytes),
-                H_PUBLISHER => m.publisher = Some(text(&v)),
+                H_PUBLISHER => m.publisher = Some(v),
                 _ => {
                     let name = k.strip_prefix(USER_ESCAPE).map(str::to_owned).unwrap_or(k);
                     m.user_properties.push((name, text(&v)));
@@ -150,6 +156,7 @@ mod tests {
             timestamp: Timestamp(1000),
         };
         let r = m.to_record();
+        assert_eq!(r, m.clone().into_record());
         assert_eq!(r.stream, "factory");
         assert_eq!(r.key.as_deref(), Some(&b"factory/line1/temp"[..]));
         assert_eq!(Message::from_record(r), m);

@@ -549,7 +549,7 @@ impl Subscriptions {
                     s.recompute_cursor(); // a restored delivery completed before the pull got here
                     continue;
                 }
-                let own = s.state.no_local && message.publisher.as_deref() == Some(client_id);
+                let own = s.state.no_local && message.publisher.as_deref() == Some(client_id.as_bytes());
                 if expired || own {
                     s.recompute_cursor();
                     continue;

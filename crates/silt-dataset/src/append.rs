@@ -181,6 +181,28 @@ impl Appender {
     /// registrations and pointers added to the batch are left out). `acked`: the caller waits for the
     /// acknowledgement (QoS 1/2, acks ≥ 1), so `ack = "object"` applies.
     pub async fn submit(&self, records: Vec<Record>, assign: Assign, acked: bool) -> silt_storage::Result<AckFuture> {
+        self.submit_as(records, assign, acked, None).await
+    }
+
+    /// [`Self::submit`] of records the caller has taken one tiering decision for (with
+    /// [`Self::decide`]), so it is not taken again for each record.
+    pub async fn submit_decided(
+        &self,
+        records: Vec<Record>,
+        assign: Assign,
+        acked: bool,
+        decision: TierDecision,
+    ) -> silt_storage::Result<AckFuture> {
+        self.submit_as(records, assign, acked, Some(decision)).await
+    }
+
+    async fn submit_as(
+        &self,
+        records: Vec<Record>,
+        assign: Assign,
+        acked: bool,
+        decided: Option<TierDecision>,
+    ) -> silt_storage::Result<AckFuture> {
         let tiers = self.tiers.get();
         let retained = self.retained.get();
         let now = Timestamp::now();
@@ -205,8 +227,10 @@ impl Appender {
                     r.partition = Partition(partition_for_key(key, meta.partitions));
                 }
             }
-            let topic = if r.topic.is_empty() { r.stream.as_str() } else { r.topic.as_str() };
-            let decision = tiers.map(|t| t.decide(topic)).unwrap_or_default();
+            let decision = decided.unwrap_or_else(|| {
+                let topic = if r.topic.is_empty() { r.stream.as_str() } else { r.topic.as_str() };
+                tiers.map(|t| t.decide(topic)).unwrap_or_default()
+            });
             r.volatile |= decision.memory;
             object_ack |= decision.object_ack;
             let retain = r.attrs & attrs::RETAIN != 0 && !r.topic.is_empty();

@@ -3,6 +3,7 @@
 //! shared, after the read ACL) and unsubscriptions, retained messages owed, the session
 //! expiry set on DISCONNECT.
 
+use bytes::Bytes;
 use silt_mqtt::server::{
     Stored, SubscribeRequest, Subscribed, SubscriptionFilter, UnsubscribeFilter, UnsubscribeRequest,
 };
@@ -73,7 +74,6 @@ where
     /// Adds a publish to the group bound for the log (see [`Group`]); its answer is awaited in
     /// `stores`.
     async fn store(&mut self, token: Option<Token>, p: Publish) {
-        let received = std::time::Instant::now();
         if let (Some(token), Some(id), QoS::ExactlyOnce) = (token, p.packet_id, p.qos)
             && self.session.lock().await.inbound_qos2.contains(&id.get())
         {
@@ -91,6 +91,12 @@ where
             }
             return;
         }
+        let tier = self.broker.appender().decide(&p.topic);
+        // The publisher header's value is shared by the group's records, not copied for each.
+        let publisher = match self.group.as_ref().and_then(|g| g.publisher.clone()) {
+            Some(p) => p,
+            None => Bytes::copy_from_slice(self.client_id.as_bytes()),
+        };
         let message = Message {
             topic: p.topic,
             payload: p.payload,
@@ -102,21 +108,21 @@ where
             response_topic: p.properties.response_topic,
             correlation_data: p.properties.correlation_data,
             user_properties: p.properties.user_properties,
-            publisher: Some(self.client_id.clone()),
+            publisher: Some(publisher.clone()),
             timestamp: Timestamp::now(),
         };
-        let record = message.to_record();
+        let record = message.into_record();
         let bytes = record.encoded_len() + GROUP_RECORD_OVERHEAD;
         let limit = GROUP_BYTES.min(self.broker.storage.config().max_batch_bytes as usize / 2);
-        let tier = self.broker.appender().decide(&message.topic);
         if self.group.as_ref().is_some_and(|g| {
             !g.records.is_empty() && (g.records.len() >= GROUP_RECORDS || g.bytes + bytes > limit || g.tier != tier)
         }) {
             self.submit_group().await;
         }
         let g = self.group.get_or_insert_default();
+        g.publisher.get_or_insert(publisher);
         g.tier = tier;
-        g.received.get_or_insert(received);
+        g.received.get_or_insert_with(std::time::Instant::now);
         g.records.push(record);
         g.bytes += bytes;
         g.acked |= token.is_some();
@@ -131,7 +137,7 @@ where
         let received = g.received.take().expect("invariant: set with the first record");
         let acked = std::mem::take(&mut g.acked);
         g.bytes = 0;
-        match self.broker.submit_records(records, acked).await {
+        match self.broker.submit_records(records, acked, g.tier).await {
             // QoS 0 too: nobody waits for its durability, but its append finishes when it is
             // answered, and answers come in order, so it waits in line (no task of its own).
             Ok(ack) => self.stores.push_back((tokens, ack, received)),
