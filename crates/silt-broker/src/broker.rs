@@ -781,8 +781,8 @@ impl Broker {
     /// durable (and, for a retained message, once the retained index points at it), through
     /// the append path every protocol shares.
     pub async fn submit(self: &Arc<Self>, message: &Message) -> silt_storage::Result<AckFuture> {
-        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
-        self.appender.submit(vec![message.to_record()], Assign::ByKey, message.qos > 0).await
+        let tier = self.appender.decide(&message.topic);
+        self.submit_records(vec![message.to_record()], message.qos > 0, tier).await
     }
 
     /// Hands publishes of one client to the log as one batch (see the connection's `Group`),

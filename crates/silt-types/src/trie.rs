@@ -273,13 +273,13 @@ fn remove_value<V: PartialEq>(vals: &mut Vec<V>, value: &V) -> bool {
     }
 }
 
-/// Depth-first walk with an explicit stack: a topic has up to 32,768 levels, and a client
-/// chooses them, so the depth must never be the call stack's. `path` holds the filter text of
-/// the node being visited, so callers can tell which filter matched.
 /// A node to visit: the node, its depth, the length of its parent's path, its level key, and
 /// the topic's levels below it (`None` past the last).
 type Visit<'a, 'n, V> = (&'a Node<V>, usize, usize, &'a str, Option<&'n str>);
 
+/// Depth-first walk with an explicit stack: a topic has up to 32,768 levels, and a client
+/// chooses them, so the depth must never be the call stack's. `path` holds the filter text of
+/// the node being visited, so callers can tell which filter matched.
 fn walk<'a, V>(root: &'a Node<V>, name: &str, f: &mut dyn FnMut(&str, &'a V)) {
     let dollar = name.starts_with('$');
     let mut path = String::with_capacity(name.len() + 2);

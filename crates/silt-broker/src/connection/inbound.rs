@@ -93,10 +93,11 @@ where
         }
         let tier = self.broker.appender().decide(&p.topic);
         // The publisher header's value is shared by the group's records, not copied for each.
-        let publisher = match self.group.as_ref().and_then(|g| g.publisher.clone()) {
-            Some(p) => p,
-            None => Bytes::copy_from_slice(self.client_id.as_bytes()),
-        };
+        let publisher = self
+            .group
+            .as_ref()
+            .and_then(|g| g.publisher.clone())
+            .unwrap_or_else(|| Bytes::copy_from_slice(self.client_id.as_bytes()));
         let message = Message {
             topic: p.topic,
             payload: p.payload,
