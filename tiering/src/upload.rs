@@ -1,6 +1,8 @@
-//! Uploading a sealed segment: check it through the storage engine (repairing bad batches),
-//! scan it into a footer, stream it to the store (one PUT or a multipart upload), and commit
-//! it to the manifest. Only local trouble fails an upload; the uploader retries it.
+//! Uploading a sealed segment: scan it into a footer while streaming it to the store (one PUT
+//! or a multipart upload), checking every batch on the way, and commit it to the manifest. A
+//! batch that fails its check stops the attempt; the segment is then checked through the
+//! storage engine (which repairs bad batches: healed from a good copy or quarantined behind a
+//! gap batch) and scanned again. Only local trouble fails an upload; the uploader retries it.
 
 use super::*;
 
@@ -8,23 +10,19 @@ impl Inner {
     /// Uploads one sealed segment and commits it to the manifest. The file is streamed (one
     /// PUT when small, a multipart upload otherwise), so memory stays at a few parts; records
     /// of `tier = "local"` topics are withheld from the object.
-    /// Before the scan, every batch is checked through the storage engine (a bad one healed
-    /// from a tail object or quarantined behind a gap batch); `fresh` checks again batches
-    /// checked before (after a failed attempt).
+    ///
+    /// The scan checks every batch as it streams it, so a healthy segment is read and checked
+    /// once. When a batch fails, or the attempt fails for another local reason, the segment is
+    /// checked through the storage engine (a bad batch healed from a good copy or quarantined
+    /// behind a gap batch, and the quarantined ranges learnt) and scanned once more; `fresh`
+    /// (after a failed upload) does that check first, also re-checking batches checked before.
     pub(crate) async fn upload(&self, seg: &SealedSegment, fresh: bool) -> Result<(), Error> {
         let max_batch = self.storage().config().max_batch_bytes as usize;
         let base = seg.base.get();
-        let (storage, checked) = (self.storage().clone(), seg.clone());
-        let gaps: Vec<(u64, u64)> = tokio::task::spawn_blocking(move || storage.check_segment(&checked, fresh))
-            .await
-            .map_err(|e| Error::Recovery(e.to_string()))??
-            .into_iter()
-            .map(|(p, n)| (p.get() - base, p.get() - base + n))
-            .collect();
         let key = format!("segments/{base:020}-{:08}.seg", self.epoch);
-        let path = Path::from(key.as_str());
-        let (footer, size) =
-            retry("upload segment", || self.put_object(seg, &path, max_batch, &gaps)).await.map_err(|e| match e {
+        let path = &Path::from(key.as_str());
+        let attempt = |gaps: Vec<(u64, u64)>| async move {
+            retry("upload segment", || self.put_object(seg, path, max_batch, &gaps)).await.map_err(|e| match e {
                 object_store::Error::Generic { store, source } if store == LOCAL_SEGMENT => {
                     match source.downcast::<Error>() {
                         Ok(e) => *e,
@@ -32,7 +30,19 @@ impl Inner {
                     }
                 }
                 e => Error::Store(e),
-            })?;
+            })
+        };
+        let (footer, size) = if fresh {
+            attempt(self.check_segment(seg, true).await?).await?
+        } else {
+            match attempt(Vec::new()).await {
+                Err(Error::Recovery(reason)) => {
+                    tracing::info!(base, reason, "segment failed its check while uploading; repairing it first");
+                    attempt(self.check_segment(seg, false).await?).await?
+                }
+                done => done?,
+            }
+        };
         self.puts.fetch_add(1, Ordering::Relaxed);
         self.put_bytes.fetch_add(size, Ordering::Relaxed);
         let entry = ObjectEntry {
@@ -77,6 +87,20 @@ impl Inner {
         }
         tracing::debug!(base, end = seg.end.get(), size, "segment uploaded");
         Ok(())
+    }
+
+    /// Checks (and repairs) every batch of `seg` through the storage engine, on the blocking
+    /// pool; `fresh` re-checks batches checked before. Returns its quarantined ranges as
+    /// object offsets.
+    async fn check_segment(&self, seg: &SealedSegment, fresh: bool) -> Result<Vec<(u64, u64)>, Error> {
+        let base = seg.base.get();
+        let (storage, checked) = (self.storage().clone(), seg.clone());
+        Ok(tokio::task::spawn_blocking(move || storage.check_segment(&checked, fresh))
+            .await
+            .map_err(|e| Error::Recovery(e.to_string()))??
+            .into_iter()
+            .map(|(p, n)| (p.get() - base, p.get() - base + n))
+            .collect())
     }
 
     /// One attempt at writing a segment object, in one pass over the file: the scan checks

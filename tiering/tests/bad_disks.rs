@@ -1,7 +1,8 @@
 //! Bad disks with a real object store (`object_store`'s local filesystem store): a corrupt local
 //! copy of an uploaded segment is healed from its object; a corrupt segment not yet uploaded
-//! is quarantined and uploaded with the gap named in its footer and the manifest, and the rest
-//! recovers from the bucket; incomplete multipart uploads of earlier nodes are aborted.
+//! is quarantined (by the upload itself when nothing read it first) and uploaded with the gap
+//! named in its footer and the manifest, and the rest recovers from the bucket; incomplete
+//! multipart uploads of earlier nodes are aborted.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -194,6 +195,41 @@ fn a_flipped_byte_in_a_segment_not_yet_uploaded_is_quarantined_and_the_rest_uplo
     let b = tempfile::tempdir().unwrap();
     let node = start(b.path(), store.path());
     assert_eq!(read_topic(&node.storage, "dev/t"), (got, 0));
+    node.stop();
+}
+
+/// Nothing reads the damaged segment before its upload: the upload's own scan finds the bad
+/// batch, and the same upload repairs the segment and goes on (no failed attempt, no retry
+/// after a back-off).
+#[test]
+fn a_flipped_byte_found_by_the_upload_scan_is_quarantined_in_the_same_upload() {
+    let store = tempfile::tempdir().unwrap();
+    let a = tempfile::tempdir().unwrap();
+    let values = {
+        let s = Storage::open(a.path(), storage_cfg()).unwrap();
+        let v = fill(&s, 300);
+        s.close().unwrap();
+        v
+    };
+    let seg = segments(a.path())[1].clone();
+    let (off, len) = flip_in_batch(&seg, 4);
+    let gap = (base_of(&seg) + off, base_of(&seg) + off + len);
+
+    let node = start(a.path(), store.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sealed = rt.block_on(node.storage.roll()).unwrap();
+    rt.block_on(node.tiering.wait_uploaded(sealed)).expect("every segment is uploaded");
+    let m = manifest(store.path());
+    let entry = m.objects.iter().find(|o| o.base == base_of(&seg)).expect("the damaged segment was uploaded");
+    assert_eq!(entry.gaps, vec![gap], "the manifest names the gap");
+    assert!(m.objects.iter().filter(|o| o.base != entry.base).all(|o| o.gaps.is_empty()));
+    let stats = node.tiering.stats();
+    assert_eq!((stats.uploaded_gaps, stats.uploaded_gap_bytes), (1, len));
+    assert_eq!(stats.upload_failures, 0, "repaired within the upload, not after a failed one");
+    assert_eq!(node.storage.stats().quarantined_batches, 1);
+    let (got, gone) = read_topic(&node.storage, "dev/t");
+    assert_eq!((got.len(), gone), (values.len() - 1, 1), "all but the damaged record");
+    assert!(got.iter().all(|v| values.contains(v)));
     node.stop();
 }
 
