@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use crate::config::MqttConfig;
 use crate::message::Message;
 use crate::retained::{RETAINED_COPY_STREAM, RETAINED_STREAM, RetainedStore};
-pub use crate::router::{ConnId, Router};
+pub use crate::router::{ConnId, Kick, Router, Signal};
 pub use crate::session::{GroupRef, Session, SessionRef, SharedGroup};
 use crate::session::{
     SESSIONS_STREAM, SessionOwner, SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions,
@@ -44,9 +44,7 @@ impl Drop for FilterLock<'_> {
 
 struct Owner {
     conn: ConnId,
-    kick: Arc<Notify>,
-    /// Set before `kick` when an operator (the admin API) closes the connection.
-    by_operator: Arc<std::sync::atomic::AtomicBool>,
+    signal: Arc<Signal>,
 }
 
 #[derive(Default)]
@@ -122,10 +120,9 @@ pub struct Connected {
     pub session: SessionRef,
     pub session_present: bool,
     pub conn: ConnId,
-    /// Notified when another connection takes this client id over, or an operator closes it
-    /// (then `by_operator` is set first).
-    pub kicked: Arc<Notify>,
-    pub by_operator: Arc<std::sync::atomic::AtomicBool>,
+    /// Wakes the connection for new messages, and tells it to close when another connection
+    /// takes its client id over or an operator closes it.
+    pub signal: Arc<Signal>,
 }
 
 impl Broker {
@@ -308,8 +305,7 @@ impl Broker {
     ) -> Result<Connected, ConnectRefused> {
         let owner = SessionOwner { user: user.map(str::to_owned) };
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
-        let kicked = Arc::new(Notify::new());
-        let by_operator = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let signal = Arc::new(Signal::default());
         let (existing, old_owner) = loop {
             if self.state().ending.contains(client_id) {
                 // An admin delete of this session is writing its tombstone (milliseconds).
@@ -332,13 +328,11 @@ impl Broker {
             if now.map(Arc::as_ptr) != checked.as_ref().map(Arc::as_ptr) || st.ending.contains(client_id) {
                 continue;
             }
-            let old = st
-                .owners
-                .insert(client_id.to_owned(), Owner { conn, kick: kicked.clone(), by_operator: by_operator.clone() });
+            let old = st.owners.insert(client_id.to_owned(), Owner { conn, signal: signal.clone() });
             break (checked, old);
         };
         if let Some(old) = old_owner {
-            old.kick.notify_one();
+            old.signal.kick(Kick::TakenOver);
         }
         let (session, present) = match existing {
             Some(s) if !clean_start => {
@@ -365,7 +359,7 @@ impl Broker {
         }
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
-        Ok(Connected { session, session_present: present, conn, kicked, by_operator })
+        Ok(Connected { session, session_present: present, conn, signal })
     }
 
     fn new_session(&self, client_id: &str, expiry_secs: u32) -> SessionRef {
@@ -375,18 +369,18 @@ impl Broker {
     }
 
     /// Routes the session's subscriptions to `conn` (after a resume).
-    pub fn route_all(&self, conn: ConnId, notify: &Arc<Notify>, session: &Session) {
+    pub fn route_all(&self, conn: ConnId, signal: &Arc<Signal>, session: &Session) {
         for f in session.subs.subs.keys() {
             if let Ok(f) = TopicFilter::new(&**f) {
-                self.router.add(conn, notify, &f);
+                self.router.add(conn, signal, &f);
             }
         }
         for key in session.shared.keys() {
             if let Some((_, f)) = parse_shared(key) {
-                self.router.add(conn, notify, &f);
+                self.router.add(conn, signal, &f);
             }
         }
-        notify.notify_one();
+        signal.wake();
     }
 
     /// The group of a shared subscription, if it exists.
@@ -445,7 +439,7 @@ impl Broker {
     pub async fn subscribe_shared(
         &self,
         conn: ConnId,
-        notify: &Arc<Notify>,
+        signal: &Arc<Signal>,
         session: &mut Session,
         key: &str,
         membership: SharedMembership,
@@ -489,7 +483,7 @@ impl Broker {
         drop(filter_lock);
         self.persist_group(&group).await?;
         if joined {
-            self.router.add(conn, notify, &filter);
+            self.router.add(conn, signal, &filter);
         }
         session.dirty = true;
         Ok(())
@@ -551,7 +545,7 @@ impl Broker {
     pub async fn subscribe(
         &self,
         conn: ConnId,
-        notify: &Arc<Notify>,
+        signal: &Arc<Signal>,
         session: &mut Session,
         filter: &TopicFilter,
         mut state: SubscriptionState,
@@ -573,7 +567,7 @@ impl Broker {
             state.sent = end.get();
             session.subs.subs.insert(filter.as_str().into(), Box::new(Subscription::new(state, queue)));
             // A replaced subscription is already routed; routing it again would count it twice.
-            self.router.add(conn, notify, filter);
+            self.router.add(conn, signal, filter);
         }
         session.dirty = true;
         Ok(())

@@ -26,12 +26,12 @@ use silt_mqtt::{PacketId, PublishProperties, Will};
 use silt_storage::Appended;
 use silt_types::Timestamp;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{Notify, OwnedSemaphorePermit, watch};
+use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 
 use crate::admission::{Admission, PendingSlot};
 use crate::auth::{Access, AuthError};
-use crate::broker::{Broker, ConnId, GroupRef, SessionRef};
+use crate::broker::{Broker, ConnId, GroupRef, Kick, SessionRef, Signal};
 use crate::config::MqttConfig;
 use crate::message::Message;
 use crate::session::OutboundQos2;
@@ -147,9 +147,8 @@ struct Conn<R, W> {
     username: Option<String>,
     session: SessionRef,
     conn_id: ConnId,
-    wake: Arc<Notify>,
-    kicked: Arc<Notify>,
-    by_operator: Arc<std::sync::atomic::AtomicBool>,
+    /// New messages to pull, or a kick (a takeover, an operator's close).
+    wake: Arc<Signal>,
     shutdown: watch::Receiver<bool>,
     /// Inbound publishes handed to the log, oldest first, with when each arrived: a QoS 1/2
     /// one (with its token) awaits durability for its acknowledgement; a QoS 0 one (no token)
@@ -234,7 +233,7 @@ where
                         // Only once the session is this client's: another user's refused
                         // CONNECT must not cancel the owner's will.
                         broker.cancel_will(&client_id);
-                        let wake = Arc::new(Notify::new());
+                        let wake = connected.signal;
                         {
                             let s = connected.session.lock().await;
                             let awaiting_release = s.inbound_qos2.iter().filter_map(|&id| PacketId::new(id));
@@ -254,8 +253,6 @@ where
                             session: connected.session,
                             conn_id: connected.conn,
                             wake,
-                            kicked: connected.kicked,
-                            by_operator: connected.by_operator,
                             shutdown,
                             stores: VecDeque::new(),
                             group: None,
@@ -322,6 +319,15 @@ where
         Box::pin(self.read_packets()).await;
         self.release_idle_buffers();
         while self.core.is_open() {
+            if let Some(kick) = self.wake.kicked() {
+                self.core.close(match kick {
+                    Kick::Operator => {
+                        Close::Error(silt_mqtt::ReasonCode::AdministrativeAction, "disconnected by an operator")
+                    }
+                    Kick::TakenOver => Close::TakenOver,
+                });
+                break;
+            }
             if self.want_pull || !self.retained_queue.is_empty() {
                 Box::pin(self.deliver()).await;
             }
@@ -373,13 +379,6 @@ where
             tokio::select! {
                 biased;
                 _ = self.shutdown.changed() => self.core.close(Close::Shutdown),
-                _ = self.kicked.notified() => {
-                    let why = match self.by_operator.load(std::sync::atomic::Ordering::Acquire) {
-                        true => Close::Error(silt_mqtt::ReasonCode::AdministrativeAction, "disconnected by an operator"),
-                        false => Close::TakenOver,
-                    };
-                    self.core.close(why)
-                }
                 ack = async { (&mut self.stores.front_mut().expect("invariant: guarded").1).await }, if has_pending => {
                     self.stored(ack);
                     self.stored_ready();

@@ -72,8 +72,7 @@ impl Broker {
         let st = self.state();
         match st.owners.get(client_id) {
             Some(owner) => {
-                owner.by_operator.store(true, std::sync::atomic::Ordering::Release);
-                owner.kick.notify_one();
+                owner.signal.kick(crate::router::Kick::Operator);
                 true
             }
             None => false,
