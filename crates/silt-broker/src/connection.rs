@@ -103,14 +103,13 @@ pub(crate) async fn run<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (rd, wr) = tokio::io::split(stream);
     // Small to start, and given back once the handshake has emptied it: an idle connection
     // should cost little; buffers grow with traffic.
     let inbuf = BytesMut::with_capacity(512);
     let core = Core::new(Instant::now().into_std(), settings(&broker.config), rand_u64());
     // The rarely-run steps are boxed so that the future every connection keeps alive stays
     // small: its size is that of its largest state.
-    let mut conn = match Box::pin(Conn::accept(broker, rd, wr, inbuf, core, peer, shutdown, admitted)).await {
+    let mut conn = match Box::pin(Conn::accept(broker, stream, inbuf, core, peer, shutdown, admitted)).await {
         Some(c) => c,
         None => return,
     };
@@ -133,10 +132,12 @@ fn settings(cfg: &MqttConfig) -> Settings {
     }
 }
 
-struct Conn<R, W> {
+struct Conn<S> {
     broker: Arc<Broker>,
-    rd: R,
-    wr: W,
+    /// The client's byte stream, whole: it is read only while nothing is being written (the
+    /// loop writes, then waits), so it needs no split into halves (an allocation and a lock
+    /// taken on every read and write).
+    io: S,
     inbuf: BytesMut,
     /// The read buffer was given back while the connection sat idle: the next read takes the
     /// 64 bytes `read_buf` reserves, and the buffer grows again from what arrives.
@@ -166,18 +167,16 @@ struct Conn<R, W> {
     _open: OwnedSemaphorePermit,
 }
 
-impl<R, W> Conn<R, W>
+impl<S> Conn<S>
 where
-    R: AsyncRead + Unpin + Send,
-    W: AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     /// Runs the handshake: reads the CONNECT into the core and answers its requests
     /// (credentials, then the session) until it accepts or refuses.
     #[allow(clippy::too_many_arguments)]
     async fn accept(
         broker: Arc<Broker>,
-        mut rd: R,
-        mut wr: W,
+        mut io: S,
         mut inbuf: BytesMut,
         mut core: Core,
         peer: SocketAddr,
@@ -242,8 +241,7 @@ where
                         }
                         let mut conn = Conn {
                             broker,
-                            rd,
-                            wr,
+                            io,
                             inbuf,
                             inbuf_released: false,
                             core,
@@ -275,8 +273,8 @@ where
                     Event::Closed { reason, .. } => {
                         tracing::debug!(%peer, reason = ?reason, "CONNECT refused");
                         if let Some(refusal) = core.poll_transmit() {
-                            let _ = wr.write_all(&refusal).await;
-                            let _ = wr.flush().await;
+                            let _ = io.write_all(&refusal).await;
+                            let _ = io.flush().await;
                         }
                         return None;
                     }
@@ -285,7 +283,7 @@ where
             }
             let deadline = core.poll_timeout().map(Instant::from_std);
             tokio::select! {
-                read = rd.read_buf(&mut inbuf) => match read {
+                read = io.read_buf(&mut inbuf) => match read {
                     Ok(n) if n > 0 => {}
                     _ => core.close(Close::Lost),
                 },
@@ -386,7 +384,7 @@ where
                         Box::pin(self.run_events()).await;
                     }
                 }
-                read = self.rd.read_buf(&mut self.inbuf) => match read {
+                read = self.io.read_buf(&mut self.inbuf) => match read {
                     Ok(0) | Err(_) => self.core.close(Close::Lost),
                     Ok(n) => {
                         self.inbuf_released = false;
@@ -515,8 +513,8 @@ where
     /// Writes what the core has queued for the client.
     async fn flush(&mut self) -> std::io::Result<()> {
         let Some(bytes) = self.core.poll_transmit() else { return Ok(()) };
-        self.wr.write_all(&bytes).await?;
-        self.wr.flush().await?;
+        self.io.write_all(&bytes).await?;
+        self.io.flush().await?;
         self.broker.stats.bytes_sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -531,7 +529,7 @@ where
         }
         self.run_events().await;
         let _ = self.flush().await;
-        let _ = self.wr.shutdown().await;
+        let _ = self.io.shutdown().await;
         self.broker.disconnect(self.conn_id, &self.session).await;
         let (reason, will) = self.closed.take().unzip();
         if let Some(DelayedWill { will, delay }) = will.flatten() {

@@ -12,10 +12,9 @@ use silt_mqtt::{Publish, QoS};
 use super::*;
 use crate::session::{SharedMembership, SubscriptionState};
 
-impl<R, W> Conn<R, W>
+impl<S> Conn<S>
 where
-    R: AsyncRead + Unpin + Send,
-    W: AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     /// Executes the core's requests, feeding the answers back, until it has none.
     pub(super) async fn run_events(&mut self) {

@@ -9,10 +9,9 @@ use silt_mqtt::{Publish, QoS};
 use super::*;
 use crate::session::{Settles, SharedMembership};
 
-impl<R, W> Conn<R, W>
+impl<S> Conn<S>
 where
-    R: AsyncRead + Unpin + Send,
-    W: AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     /// Resends the QoS 1/2 deliveries a previous connection (or broker) left incomplete, under
     /// their original packet ids (a released QoS 2 one as PUBREL), and holds their offsets so
