@@ -188,17 +188,19 @@ fn next(id: u16) -> u16 {
     if id == u16::MAX { 1 } else { id + 1 }
 }
 
-/// Topic aliases a peer set on its PUBLISHes (MQTT 5.0 §3.3.2.3.4).
+/// Topic aliases a peer set on its PUBLISHes (MQTT 5.0 §3.3.2.3.4). The map is boxed and made
+/// at the first alias: most clients never set one, and every connection keeps this.
 #[derive(Default)]
 pub struct InboundAliases {
-    map: HashMap<u16, String>,
+    #[allow(clippy::box_collection, reason = "8 bytes when unused, where an empty map is 48")]
+    map: Option<Box<HashMap<u16, String>>>,
     max: u16,
 }
 
 impl InboundAliases {
     /// `max` is the Topic Alias Maximum we announced (0: aliases not accepted).
     pub fn new(max: u16) -> Self {
-        Self { map: HashMap::new(), max }
+        Self { map: None, max }
     }
 
     /// Fills in the topic of a PUBLISH carrying `topic` and maybe `alias` (in place: a PUBLISH
@@ -208,12 +210,12 @@ impl InboundAliases {
             Some(0) => Err(ReasonCode::TopicAliasInvalid),
             Some(a) if a > self.max => Err(ReasonCode::TopicAliasInvalid),
             Some(a) if topic.is_empty() => {
-                let known = self.map.get(&a).ok_or(ReasonCode::ProtocolError)?;
+                let known = self.map.as_ref().and_then(|m| m.get(&a)).ok_or(ReasonCode::ProtocolError)?;
                 topic.push_str(known);
                 Ok(())
             }
             Some(a) => {
-                self.map.insert(a, topic.clone());
+                self.map.get_or_insert_default().insert(a, topic.clone());
                 Ok(())
             }
             None if topic.is_empty() => Err(ReasonCode::ProtocolError),
@@ -223,26 +225,33 @@ impl InboundAliases {
 }
 
 /// Topic aliases we assign on PUBLISHes to a peer, up to its Topic Alias Maximum: the first
-/// PUBLISH on a topic carries topic and alias, later ones the alias alone.
+/// PUBLISH on a topic carries topic and alias, later ones the alias alone. The map is boxed
+/// and made at the first alias defined (see [`InboundAliases`]).
 #[derive(Default)]
 pub struct OutboundAliases {
-    map: HashMap<String, u16>,
+    #[allow(clippy::box_collection, reason = "8 bytes when unused, where an empty map is 48")]
+    map: Option<Box<HashMap<String, u16>>>,
     max: u16,
 }
 
 impl OutboundAliases {
     pub fn new(max: u16) -> Self {
-        Self { map: HashMap::new(), max }
+        Self { map: None, max }
     }
 
     /// `(alias, send the topic name too)` for a PUBLISH on `topic`. A new alias is only
     /// offered: it is defined by [`OutboundAliases::define`] once that PUBLISH is sent.
     pub fn lookup(&self, topic: &str) -> (Option<u16>, bool) {
-        if let Some(&a) = self.map.get(topic) {
+        if self.max == 0 {
+            return (None, true);
+        }
+        let map = self.map.as_deref();
+        if let Some(&a) = map.and_then(|m| m.get(topic)) {
             return (Some(a), false);
         }
-        if self.map.len() < usize::from(self.max) {
-            return (Some(self.map.len() as u16 + 1), true);
+        let len = map.map_or(0, HashMap::len);
+        if len < usize::from(self.max) {
+            return (Some(len as u16 + 1), true);
         }
         (None, true)
     }
@@ -250,7 +259,7 @@ impl OutboundAliases {
     /// Records the alias [`OutboundAliases::lookup`] offered for `topic`: the PUBLISH that
     /// carries both went out.
     pub fn define(&mut self, topic: &str, alias: u16) {
-        self.map.insert(topic.to_owned(), alias);
+        self.map.get_or_insert_default().insert(topic.to_owned(), alias);
     }
 }
 
