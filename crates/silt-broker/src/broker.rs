@@ -17,11 +17,11 @@ use crate::config::MqttConfig;
 use crate::message::Message;
 use crate::retained::{RETAINED_COPY_STREAM, RETAINED_STREAM, RetainedStore};
 pub use crate::router::{ConnId, Kick, Router, Signal};
-pub use crate::session::{GroupRef, Session, SessionRef, SharedGroup};
 use crate::session::{
-    SESSIONS_STREAM, SessionOwner, SessionSnapshot, SharedMembership, Subscription, SubscriptionState, Subscriptions,
-    parse_shared, queue_for,
+    ClientId, SESSIONS_STREAM, SessionOwner, SessionSnapshot, SharedMembership, Subscription, SubscriptionState,
+    Subscriptions, parse_shared, queue_for,
 };
+pub use crate::session::{GroupRef, Session, SessionRef, SharedGroup};
 use silt_dataset::{AckFuture, Appender, Assign, RetainedIndex, TopicTiers, internal};
 
 /// A held per-filter lock ([`Broker::lock_filter`]).
@@ -49,8 +49,8 @@ struct Owner {
 
 #[derive(Default)]
 struct State {
-    sessions: HashMap<String, SessionRef>,
-    owners: HashMap<String, Owner>,
+    sessions: HashMap<ClientId, SessionRef>,
+    owners: HashMap<ClientId, Owner>,
     filter_refs: HashMap<String, usize>,
     /// Delayed wills waiting to be published, by client id.
     wills: HashMap<String, Arc<Notify>>,
@@ -123,6 +123,7 @@ pub struct Connected {
     /// Wakes the connection for new messages, and tells it to close when another connection
     /// takes its client id over or an operator closes it.
     pub signal: Arc<Signal>,
+    pub client_id: ClientId,
 }
 
 impl Broker {
@@ -197,7 +198,8 @@ impl Broker {
             state.groups.insert(key, Arc::new(tokio::sync::Mutex::new(group)));
         }
         for (id, snap) in snapshots {
-            let mut s = Session::new(&id, snap.expiry_secs);
+            let id = ClientId::from(id);
+            let mut s = Session::new(id.clone(), snap.expiry_secs);
             s.owner = snap.owner;
             for m in snap.shared.into_iter().filter(|m| !too_deep(&m.key)) {
                 match state.groups.get(&m.key) {
@@ -306,14 +308,14 @@ impl Broker {
         let owner = SessionOwner { user: user.map(str::to_owned) };
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let signal = Arc::new(Signal::default());
-        let (existing, old_owner) = loop {
+        let (existing, old_owner, client_id) = loop {
             if self.state().ending.contains(client_id) {
                 // An admin delete of this session is writing its tombstone (milliseconds).
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                 continue;
             }
-            let checked = self.state().sessions.get(client_id).cloned();
-            if let Some(s) = &checked
+            let checked = self.state().sessions.get_key_value(client_id).map(|(k, s)| (k.clone(), s.clone()));
+            if let Some((_, s)) = &checked
                 && self.auth.usernames_verified()
             {
                 let theirs = s.lock().await.owner.clone();
@@ -325,11 +327,16 @@ impl Broker {
             // The session checked must still be the one there (none, or the same), and no
             // delete may have begun meanwhile.
             let now = st.sessions.get(client_id);
-            if now.map(Arc::as_ptr) != checked.as_ref().map(Arc::as_ptr) || st.ending.contains(client_id) {
+            if now.map(Arc::as_ptr) != checked.as_ref().map(|(_, s)| Arc::as_ptr(s)) || st.ending.contains(client_id) {
                 continue;
             }
-            let old = st.owners.insert(client_id.to_owned(), Owner { conn, signal: signal.clone() });
-            break (checked, old);
+            // One copy of the client id for the maps, the session and the connection.
+            let (id, checked) = match checked {
+                Some((id, s)) => (id, Some(s)),
+                None => (ClientId::from(client_id), None),
+            };
+            let old = st.owners.insert(id.clone(), Owner { conn, signal: signal.clone() });
+            break (checked, old, id);
         };
         if let Some(old) = old_owner {
             old.signal.kick(Kick::TakenOver);
@@ -347,9 +354,9 @@ impl Broker {
             }
             Some(s) => {
                 self.end_session(&s).await;
-                (self.new_session(client_id, expiry_secs), false)
+                (self.new_session(client_id.clone(), expiry_secs), false)
             }
-            None => (self.new_session(client_id, expiry_secs), false),
+            None => (self.new_session(client_id.clone(), expiry_secs), false),
         };
         // A new session is this user's; one taken over (an ACL `takeover`) stays its creator's.
         {
@@ -359,12 +366,12 @@ impl Broker {
         }
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
-        Ok(Connected { session, session_present: present, conn, signal })
+        Ok(Connected { session, session_present: present, conn, signal, client_id })
     }
 
-    fn new_session(&self, client_id: &str, expiry_secs: u32) -> SessionRef {
-        let s = Arc::new(tokio::sync::Mutex::new(Session::new(client_id, expiry_secs)));
-        self.state().sessions.insert(client_id.to_owned(), s.clone());
+    fn new_session(&self, client_id: ClientId, expiry_secs: u32) -> SessionRef {
+        let s = Arc::new(tokio::sync::Mutex::new(Session::new(client_id.clone(), expiry_secs)));
+        self.state().sessions.insert(client_id, s.clone());
         s
     }
 

@@ -144,7 +144,7 @@ struct Conn<S> {
     inbuf_released: bool,
     core: Core,
     peer: SocketAddr,
-    client_id: String,
+    client_id: crate::session::ClientId,
     username: Option<String>,
     session: SessionRef,
     conn_id: ConnId,
@@ -162,7 +162,8 @@ struct Conn<S> {
     want_pull: bool,
     /// QoS 2 deliveries queued but not yet persisted: written before the PUBLISH leaves.
     qos2_unpersisted: Vec<OutboundQos2>,
-    closed: Option<Closed>,
+    /// Boxed: set once, at the close; every connection keeps the field.
+    closed: Option<Box<Closed>>,
     /// The connection's open slot (`mqtt.max_connections`), held for its life.
     _open: OwnedSemaphorePermit,
 }
@@ -246,7 +247,7 @@ where
                             inbuf_released: false,
                             core,
                             peer,
-                            client_id,
+                            client_id: connected.client_id,
                             username,
                             session: connected.session,
                             conn_id: connected.conn,
@@ -531,7 +532,7 @@ where
         let _ = self.flush().await;
         let _ = self.io.shutdown().await;
         self.broker.disconnect(self.conn_id, &self.session).await;
-        let (reason, will) = self.closed.take().unzip();
+        let (reason, will) = self.closed.take().map(|c| *c).unzip();
         if let Some(DelayedWill { will, delay }) = will.flatten() {
             self.broker.schedule_will(&self.client_id, will_message(*will, &self.client_id), delay);
         }

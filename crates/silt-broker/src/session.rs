@@ -724,10 +724,13 @@ impl Subscriptions {
     }
 }
 
+/// A client id, one shared copy: the session, its connection and the broker's maps keep it.
+pub type ClientId = Arc<str>;
+
 /// A session: subscriptions with cursors, and what survives a reconnect.
 #[derive(Debug)]
 pub struct Session {
-    pub client_id: String,
+    pub client_id: ClientId,
     /// The connection attached to the session (set under this lock together with the rewind
     /// of a takeover): a connection taken over may still be finishing a delivery, and must
     /// not pull for the session any more.
@@ -774,9 +777,9 @@ impl SharedGroup {
 }
 
 impl Session {
-    pub(crate) fn new(client_id: &str, expiry_secs: u32) -> Self {
+    pub(crate) fn new(client_id: ClientId, expiry_secs: u32) -> Self {
         Self {
-            client_id: client_id.to_owned(),
+            client_id,
             conn: None,
             expiry_secs,
             subs: Subscriptions::default(),
@@ -795,7 +798,7 @@ impl Session {
 
     pub fn snapshot(&self) -> SessionSnapshot {
         SessionSnapshot {
-            client_id: self.client_id.clone(),
+            client_id: self.client_id.to_string(),
             expiry_secs: self.expiry_secs,
             subscriptions: self.subs.states(),
             inbound_qos2: self.inbound_qos2.iter().copied().collect(),

@@ -49,7 +49,7 @@ impl Broker {
             let mut v: Vec<_> = st
                 .sessions
                 .iter()
-                .filter(|(id, _)| only.is_none_or(|o| o == id.as_str()))
+                .filter(|(id, _)| only.is_none_or(|o| o == id.as_ref()))
                 .map(|(id, s)| (id.clone(), st.owners.contains_key(id), s.clone()))
                 .collect();
             v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -60,7 +60,12 @@ impl Broker {
             let g = s.lock().await;
             let mut subscriptions: Vec<String> = g.subs.subs.keys().map(|f| f.to_string()).collect();
             subscriptions.extend(g.shared.keys().cloned());
-            out.push(SessionView { client_id, online, subscriptions, cursors: g.backlog_cursors() });
+            out.push(SessionView {
+                client_id: client_id.to_string(),
+                online,
+                subscriptions,
+                cursors: g.backlog_cursors(),
+            });
         }
         out
     }
@@ -156,7 +161,7 @@ impl Broker {
     /// when the count could not run (the runtime shutting down).
     pub async fn backlogs(&self) -> Option<Vec<(String, u64)>> {
         let sessions: Vec<(String, SessionRef)> =
-            self.state().sessions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            self.state().sessions.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
         let mut cursors = Vec::with_capacity(sessions.len());
         for (id, s) in sessions {
             cursors.push((id, s.lock().await.backlog_cursors()));

@@ -64,7 +64,7 @@ where
                         }
                     }
                 }
-                Event::Closed { reason, will } => self.closed = Some((reason, will)),
+                Event::Closed { reason, will } => self.closed = Some(Box::new((reason, will))),
                 Event::Authenticate(_) | Event::Open(_) => {} // the handshake's, answered in `accept`
             }
         }
