@@ -8,6 +8,7 @@
 //! - `flow`: the fan-in and fan-out scenarios (throughput, latency from payload stamps).
 //! - `idle`: many idle connections (connect rate, broker RSS per connection).
 //! - `drain`: an offline persistent session's backlog, timed from reconnect.
+//! - `disk`: the disk's own write + `fdatasync` latency, the floor under a broker that syncs.
 //! - `payload`, `histogram`, `procfs`: stamps, latency percentiles, `/proc` readings.
 //! - `table`: the Markdown comparison of result lines.
 //! - `kafka`: a Kafka client on the `kafka-protocol` codecs; produce, consume, produce→consume
@@ -17,6 +18,7 @@
 //! bounded in messages and time, and only loopback addresses are accepted as targets.
 
 mod client;
+mod disk;
 mod drain;
 mod flow;
 mod histogram;
@@ -38,6 +40,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use silt_mqtt::{ProtocolVersion, QoS};
 
+use crate::disk::DiskSyncConfig;
 use crate::drain::DrainConfig;
 use crate::flow::{FlowConfig, Shape};
 use crate::idle::IdleConfig;
@@ -137,6 +140,22 @@ enum Command {
         args: MqttKafkaArgs,
         #[command(flatten)]
         fetch: FetchArgs,
+    },
+    /// The disk's own latency: write SIZE bytes and fdatasync every INTERVAL for DURATION in
+    /// a file in DIR (the broker's data directory's filesystem); no broker involved.
+    DiskSync {
+        /// Directory to write the probe file in (removed at the end).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Bytes written before each sync.
+        #[arg(long, default_value_t = 4096)]
+        size: usize,
+        /// Microseconds between syncs (a sync that takes longer delays the next one).
+        #[arg(long, default_value_t = 500)]
+        interval_us: u64,
+        /// Seconds.
+        #[arg(long, default_value_t = 10.0)]
+        duration: f64,
     },
     /// Print result lines (a file or stdin) as a Markdown comparison table.
     Table {
@@ -483,6 +502,20 @@ fn main() -> ExitCode {
         }
         Command::Table { reference, subject, file } => return print_table(file, &reference, &subject),
         Command::FreePort => return free_port(),
+        Command::DiskSync { dir, size, interval_us, duration } => {
+            let c =
+                DiskSyncConfig { dir, size, interval: Duration::from_micros(interval_us), duration: secs(duration) };
+            return match disk::run(&c).and_then(|r| Ok(serde_json::to_string(&r)?)) {
+                Ok(line) => {
+                    println!("{line}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("silt-loadgen: disk sync in {}: {e:#}", c.dir.display());
+                    ExitCode::FAILURE
+                }
+            };
+        }
     };
     if !target.addr.ip().is_loopback() {
         eprintln!("silt-loadgen: refusing {}: only loopback targets are allowed", target.addr);
