@@ -58,7 +58,6 @@ pub fn run(c: &DiskSyncConfig) -> anyhow::Result<DiskSyncReport> {
 fn measure(c: &DiskSyncConfig, path: &Path) -> anyhow::Result<DiskSyncReport> {
     let file = OpenOptions::new()
         .create_new(true)
-        .read(true)
         .write(true)
         .open(path)
         .with_context(|| format!("creating {}", path.display()))?;

@@ -55,7 +55,7 @@ use crate::procfs::Proc;
 #[command(
     name = "silt-loadgen",
     version,
-    about = "Load generator: MQTT fan-in, fan-out, idle, offline drain; Kafka produce, consume, produce→consume"
+    about = "Load generator: MQTT fan-in, fan-out, idle, offline drain; Kafka produce, consume, produce→consume; the disk's sync latency"
 )]
 struct Cli {
     #[command(subcommand)]
