@@ -195,3 +195,21 @@ proptest! {
         prop_assert!(t.is_empty() && t.root.children.is_empty(), "every node pruned");
     }
 }
+
+/// A node is its three lists and no more: the map of a node with many children is boxed, so
+/// the nodes of a per-device level, which a big map holds, stay small.
+#[test]
+fn a_node_is_the_size_of_its_three_lists() {
+    assert_eq!(std::mem::size_of::<Children<u64>>(), std::mem::size_of::<Vec<u64>>());
+    assert_eq!(std::mem::size_of::<Node<u64>>(), 3 * std::mem::size_of::<Vec<u64>>());
+}
+
+#[test]
+fn a_filter_with_one_value_holds_room_for_one() {
+    let mut t = TopicTrie::new();
+    t.insert(&filt("a/b"), 1u64);
+    t.insert(&filt("a/#"), 2u64);
+    let a = t.root.children.get("a").unwrap();
+    assert_eq!(a.hash.capacity(), 1);
+    assert_eq!(a.children.get("b").unwrap().values.capacity(), 1);
+}
