@@ -38,7 +38,9 @@ use smallvec::SmallVec;
 use crate::message::Message;
 
 mod pending;
+mod submap;
 use pending::Pending;
+pub use submap::SubMap;
 
 /// Internal stream of session snapshots.
 pub const SESSIONS_STREAM: &str = "__silt_sessions";
@@ -371,10 +373,10 @@ pub struct Outgoing {
 /// Subscriptions of a session and their merge.
 #[derive(Debug, Default)]
 pub struct Subscriptions {
-    /// By filter. Boxed: a subscription's state is a few hundred bytes, and a B-tree leaf
-    /// holds room for eleven of them inline even when the session has one. The key is shared
-    /// with every delivery's [`Settles`].
-    pub subs: BTreeMap<Arc<str>, Box<Subscription>>,
+    /// By filter, in filter order. Boxed: a subscription's state is a few hundred bytes, and
+    /// inserts move the entries after them. The key is shared with every delivery's
+    /// [`Settles`].
+    pub subs: SubMap,
     /// Records read off the runtime for buffered entries, by position, until merged.
     prefetched: BTreeMap<LogPosition, silt_storage::Result<Record>>,
 }

@@ -96,6 +96,10 @@ impl<T> Connection<T> {
     pub fn handle_subscribed(&mut self, token: Token, outcomes: impl IntoIterator<Item = Subscribed>) {
         let Some(at) = self.subscribes.iter().position(|p| p.token == token) else { return };
         let pending = self.subscribes.swap_remove(at);
+        if self.subscribes.is_empty() {
+            // A connection subscribes once or a few times, then idles: its room goes back.
+            self.subscribes = Vec::new();
+        }
         let v5 = self.version.is_v5();
         let mut outcomes = outcomes.into_iter();
         let mut codes = Vec::with_capacity(pending.slots.len());
@@ -158,6 +162,9 @@ impl<T> Connection<T> {
     pub fn handle_unsubscribed(&mut self, token: Token, existed: impl IntoIterator<Item = bool>) {
         let Some(at) = self.unsubscribes.iter().position(|p| p.token == token) else { return };
         let pending = self.unsubscribes.swap_remove(at);
+        if self.unsubscribes.is_empty() {
+            self.unsubscribes = Vec::new();
+        }
         let mut existed = existed.into_iter();
         let codes = pending
             .slots
