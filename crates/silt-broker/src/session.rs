@@ -616,7 +616,7 @@ impl Subscriptions {
     /// read began takes it (entries and records never change).
     pub fn supply(&mut self, done: ReadsDone) {
         for q in done.queues {
-            let Some(s) = self.subs.get_mut(&*q.filter) else { continue };
+            let Some(s) = self.subs.get_mut(&q.filter) else { continue };
             if s.read != q.from || !s.buf.is_empty() {
                 continue;
             }
@@ -668,7 +668,7 @@ impl Subscriptions {
     /// Marks the offsets of an acknowledged message done and advances cursors.
     pub fn settle(&mut self, settles: &[(Arc<str>, Offset)]) {
         for (filter, off) in settles {
-            if let Some(s) = self.subs.get_mut(&**filter) {
+            if let Some(s) = self.subs.get_mut(filter) {
                 s.pending.remove(*off);
                 // A restored delivery can complete before the pull has passed its offset.
                 // (An offset the pull passed lies below the buffer; the buffer is in order.)
@@ -687,7 +687,7 @@ impl Subscriptions {
     /// wait for them.
     pub fn hold(&mut self, settles: &[(Arc<str>, Offset)], entry: IndexEntry) {
         for (filter, off) in settles {
-            if let Some(s) = self.subs.get_mut(&**filter) {
+            if let Some(s) = self.subs.get_mut(filter) {
                 s.pending.insert(*off, entry);
                 s.recompute_cursor();
             }
@@ -698,7 +698,7 @@ impl Subscriptions {
     /// left with them in flight: another member gets them).
     pub fn release(&mut self, settles: &[(Arc<str>, Offset)]) {
         for (filter, off) in settles {
-            if let Some(s) = self.subs.get_mut(&**filter)
+            if let Some(s) = self.subs.get_mut(filter)
                 && let Some(e) = s.pending.remove(*off)
             {
                 let at = s.buf.partition_point(|(o, _)| o < off);

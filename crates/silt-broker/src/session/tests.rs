@@ -389,3 +389,22 @@ fn a_subscription_whose_messages_retention_removed_does_not_hold_back_the_others
     assert_eq!(got, ["l1"], "the gone messages are skipped and the others delivered");
     assert_eq!(pull_memory(&s, &mut subs, 10), (vec![], false), "and nothing is read again");
 }
+
+#[test]
+fn subscriptions_stay_in_filter_order_through_inserts_replacements_and_removals() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = storage(dir.path());
+    let mut subs = Subscriptions::default();
+    for f in ["m/#", "a/b", "z", "b/+/c"] {
+        sub(&s, &mut subs, f, 1);
+    }
+    let keys = |subs: &Subscriptions| subs.subs.keys().map(|k| k.to_string()).collect::<Vec<_>>();
+    assert_eq!(keys(&subs), ["a/b", "b/+/c", "m/#", "z"]);
+    sub(&s, &mut subs, "m/#", 0);
+    assert_eq!(subs.subs.len(), 4, "a replacement adds nothing");
+    assert_eq!(subs.subs["m/#"].state.qos, 0, "and replaces the subscription");
+    assert!(subs.subs.remove("b/+/c").is_some());
+    assert!(subs.subs.remove("b/+/c").is_none());
+    assert!(!subs.subs.contains_key("b/+/c") && subs.subs.contains_key("z"));
+    assert_eq!(keys(&subs), ["a/b", "m/#", "z"]);
+}
