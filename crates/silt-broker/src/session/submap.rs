@@ -4,9 +4,9 @@
 //! eleven entries for the first (about 280 bytes per session), where the vector holds exactly
 //! one (24 bytes), and the pull, which walks every subscription on each delivery, walks a slice.
 //! A lookup is a binary search. An insert or a removal moves the entries after it, 24 bytes
-//! each: a new subscription already costs a durable commitlog append (its filter queue's
-//! registration), which stays the larger cost up to hundreds of thousands of subscriptions in
-//! one session.
+//! each: less than the same change already costs, since the session's snapshot, which lists
+//! every subscription with its filter, is written again once it changed, and a new filter is a
+//! durable commitlog append (its filter queue's registration).
 
 use std::sync::Arc;
 
