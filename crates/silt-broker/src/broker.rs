@@ -51,7 +51,9 @@ struct Owner {
 struct State {
     sessions: HashMap<ClientId, SessionRef>,
     owners: HashMap<ClientId, Owner>,
-    filter_refs: HashMap<String, usize>,
+    /// Subscriptions (and shared groups) per filter queue: the queue is dropped with the last.
+    /// Keyed by a session's own key for the filter where one holds it, not a further copy.
+    filter_refs: HashMap<Arc<str>, usize>,
     /// Delayed wills waiting to be published, by client id.
     wills: HashMap<String, Arc<Notify>>,
     /// Shared-subscription groups by `$share/{group}/{filter}`.
@@ -188,11 +190,13 @@ impl Broker {
             }
             let mut subs = Subscriptions::default();
             for st in snap.subscriptions {
-                let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
-                subs.subs.insert(st.filter.as_str().into(), Box::new(Subscription::new(st, queue_for(&f))));
+                if TopicFilter::new(st.filter.clone()).is_err() {
+                    continue;
+                }
+                subs.subs.insert(st.filter.as_str().into(), Box::new(Subscription::new(st)));
             }
             if let Some((_, f)) = parse_shared(&key) {
-                *state.filter_refs.entry(f.as_str().to_owned()).or_default() += 1;
+                *state.filter_refs.entry(f.as_str().into()).or_default() += 1;
             }
             let group = SharedGroup { key: key.clone(), subs, members: 0, dirty: false };
             state.groups.insert(key, Arc::new(tokio::sync::Mutex::new(group)));
@@ -223,9 +227,12 @@ impl Broker {
             // A session that was connected when the broker stopped is offline from now on.
             s.disconnected_at = Some(snap.disconnected_at.map_or(now, Timestamp));
             for st in snap.subscriptions.into_iter().filter(|st| !too_deep(&st.filter)) {
-                let Ok(f) = TopicFilter::new(st.filter.clone()) else { continue };
-                *state.filter_refs.entry(st.filter.clone()).or_default() += 1;
-                s.subs.subs.insert(st.filter.as_str().into(), Box::new(Subscription::new(st, queue_for(&f))));
+                if TopicFilter::new(st.filter.clone()).is_err() {
+                    continue;
+                }
+                let key: Arc<str> = st.filter.as_str().into();
+                *state.filter_refs.entry(key.clone()).or_default() += 1;
+                s.subs.subs.insert(key, Box::new(Subscription::new(st)));
             }
             state.sessions.insert(id, Arc::new(tokio::sync::Mutex::new(s)));
         }
@@ -252,7 +259,7 @@ impl Broker {
         // dispatched into forever.
         let mut dropped = 0usize;
         for f in storage.filters()? {
-            if state.filter_refs.contains_key(&f) {
+            if state.filter_refs.contains_key(f.as_str()) {
                 continue;
             }
             if let Ok(filter) = TopicFilter::new(f) {
@@ -471,7 +478,7 @@ impl Broker {
                     settled: Vec::new(),
                 };
                 let mut subs = Subscriptions::default();
-                subs.subs.insert(filter.as_str().into(), Box::new(Subscription::new(state, queue_for(&filter))));
+                subs.subs.insert(filter.as_str().into(), Box::new(Subscription::new(state)));
                 let g = Arc::new(tokio::sync::Mutex::new(SharedGroup {
                     key: key.to_owned(),
                     subs,
@@ -479,7 +486,7 @@ impl Broker {
                     dirty: true,
                 }));
                 let mut st = self.state();
-                *st.filter_refs.entry(filter.as_str().to_owned()).or_default() += 1;
+                *st.filter_refs.entry(filter.as_str().into()).or_default() += 1;
                 st.groups.entry(key.to_owned()).or_insert(g).clone()
             }
         };
@@ -557,7 +564,6 @@ impl Broker {
         filter: &TopicFilter,
         mut state: SubscriptionState,
     ) -> silt_storage::Result<()> {
-        let queue = queue_for(filter);
         if let Some(existing) = session.subs.subs.get_mut(filter.as_str()) {
             // Replacing keeps the cursor: no message is lost or repeated.
             state.cursor = existing.state.cursor;
@@ -569,10 +575,11 @@ impl Broker {
             let _lock = self.lock_filter(filter).await;
             let end = self.subscribe_queue(filter).await?;
             // Counted only once registration succeeded, so a failed SUBSCRIBE leaks no reference.
-            *self.state().filter_refs.entry(filter.as_str().to_owned()).or_default() += 1;
+            let key: Arc<str> = filter.as_str().into();
+            *self.state().filter_refs.entry(key.clone()).or_default() += 1;
             state.cursor = end.get();
             state.sent = end.get();
-            session.subs.subs.insert(filter.as_str().into(), Box::new(Subscription::new(state, queue)));
+            session.subs.subs.insert(key, Box::new(Subscription::new(state)));
             // A replaced subscription is already routed; routing it again would count it twice.
             self.router.add(conn, signal, filter);
         }

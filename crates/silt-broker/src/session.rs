@@ -232,18 +232,20 @@ impl SessionSnapshot {
 
 /// The queue a subscription filter reads.
 pub fn queue_for(filter: &TopicFilter) -> QueueName {
-    if filter.has_wildcard() {
-        QueueName::Filter(filter.as_str().to_owned())
-    } else {
-        QueueName::Topic(filter.as_str().to_owned())
-    }
+    queue_named(filter.as_str())
+}
+
+/// The queue of a valid filter given as its string (a subscription's key): built when needed
+/// rather than kept, since each persistent wildcard would otherwise hold a third copy of its
+/// filter beside its key and its persisted state.
+fn queue_named(filter: &str) -> QueueName {
+    if filter.contains(['+', '#']) { QueueName::Filter(filter.to_owned()) } else { QueueName::Topic(filter.to_owned()) }
 }
 
 /// A subscription with its live delivery state.
 #[derive(Debug)]
 pub struct Subscription {
     pub state: SubscriptionState,
-    pub queue: QueueName,
     queue_id: Option<QueueId>,
     /// Next offset to fetch from the index.
     read: Offset,
@@ -262,7 +264,7 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    pub fn new(mut state: SubscriptionState, queue: QueueName) -> Self {
+    pub fn new(mut state: SubscriptionState) -> Self {
         let read = Offset(state.cursor);
         let mut done = OffsetSet::default();
         for (start, end) in std::mem::take(&mut state.settled) {
@@ -270,7 +272,6 @@ impl Subscription {
         }
         Self {
             state,
-            queue,
             queue_id: None,
             read,
             buf: VecDeque::new(),
@@ -319,10 +320,14 @@ impl Subscription {
         if !self.buf.is_empty() {
             return None;
         }
-        let read =
-            |s: &Self| QueueRead { filter: Arc::clone(filter), name: s.queue.clone(), id: s.queue_id, from: s.read };
+        let read = |s: &Self| QueueRead {
+            filter: Arc::clone(filter),
+            name: queue_named(filter),
+            id: s.queue_id,
+            from: s.read,
+        };
         if self.queue_id.is_none() {
-            self.queue_id = storage.created_queue_id(&self.queue);
+            self.queue_id = storage.created_queue_id(&queue_named(filter));
         }
         let Some(id) = self.queue_id else {
             return (self.absent != Some(storage.created_forgotten())).then(|| read(self));
@@ -350,8 +355,8 @@ impl Subscription {
     }
 
     /// What [`backlog`] needs to count this subscription's backlog, taken from memory.
-    pub fn backlog_cursor(&self) -> BacklogCursor {
-        BacklogCursor { queue: self.queue.clone(), id: self.queue_id, cursor: self.state.cursor }
+    pub fn backlog_cursor(&self, filter: &str) -> BacklogCursor {
+        BacklogCursor { queue: queue_named(filter), id: self.queue_id, cursor: self.state.cursor }
     }
 }
 
@@ -830,7 +835,7 @@ impl Session {
 
     /// Its subscriptions' cursors, for [`backlog`] to count off the session's lock.
     pub fn backlog_cursors(&self) -> Vec<BacklogCursor> {
-        self.subs.subs.values().map(|s| s.backlog_cursor()).collect()
+        self.subs.subs.iter().map(|(f, s)| s.backlog_cursor(f)).collect()
     }
 }
 

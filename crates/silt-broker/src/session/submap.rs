@@ -75,6 +75,10 @@ impl SubMap {
         self.0.iter_mut().map(|(_, s)| &mut **s)
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Subscription)> {
+        self.0.iter().map(|(k, s)| (k, &**s))
+    }
+
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&Arc<str>, &mut Subscription)> {
         self.0.iter_mut().map(|(k, s)| (&*k, &mut **s))
     }

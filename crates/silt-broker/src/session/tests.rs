@@ -34,7 +34,7 @@ fn sub(s: &Storage, subs: &mut Subscriptions, filter: &str, qos: u8) {
         sent: 0,
         settled: Vec::new(),
     };
-    subs.subs.insert(filter.into(), Box::new(Subscription::new(state, queue_for(&f))));
+    subs.subs.insert(filter.into(), Box::new(Subscription::new(state)));
 }
 
 fn publish(s: &Storage, m: &Message) {
@@ -260,8 +260,7 @@ fn messages_settled_above_the_cursor_are_not_sent_again() {
 
     // A restart: the subscription comes back from its snapshot.
     let mut restored = Subscriptions::default();
-    let f = TopicFilter::new("o/t").unwrap();
-    restored.subs.insert("o/t".into(), Box::new(Subscription::new(snapshot[0].clone(), queue_for(&f))));
+    restored.subs.insert("o/t".into(), Box::new(Subscription::new(snapshot[0].clone())));
     let again = restored.pull_blocking(&s, "me", Timestamp::now(), 10).unwrap();
     assert_eq!(payloads(&again), ["m0", "m3"], "after a restart");
     for o in &again {
