@@ -1,12 +1,12 @@
-//! The subscription router: a topic trie of connections, woken after each dispatch round whose
-//! topics match their filters.
+//! The subscription router: the connections subscribed through each filter, woken after each
+//! dispatch round that indexed something for that filter.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use silt_storage::{DispatchListener, Dispatched};
-use silt_types::{TopicFilter, TopicTrie};
+use silt_types::TopicFilter;
 use tokio::sync::Notify;
 
 /// Identifies one network connection.
@@ -58,8 +58,14 @@ impl Signal {
     }
 }
 
-/// Wakes connections whose subscriptions match a dispatched topic. Runs on the dispatcher
-/// thread: a short lock and [`Signal::wake`] only.
+/// Wakes connections whose subscriptions received something in a dispatch round. Runs on the
+/// dispatcher thread: a short lock and [`Signal::wake`] only.
+///
+/// Matching is the dispatcher's: every wildcard subscription reads its filter's queue, and a
+/// round names the topics and the filters whose queues it added to ([`Dispatched`]), so the
+/// router finds each subscription by exact name. A second filter trie here would cost every
+/// persistent wildcard another path of nodes (about 375 bytes) and every round a walk per
+/// topic, to learn what the dispatcher already knew.
 #[derive(Default)]
 pub struct Router {
     inner: Mutex<RouterInner>,
@@ -67,33 +73,61 @@ pub struct Router {
 
 #[derive(Default)]
 struct RouterInner {
-    trie: TopicTrie<ConnId>,
+    /// The connections subscribed through each filter (a topic, for a filter without
+    /// wildcards), each once.
+    routes: HashMap<Box<str>, Vec<ConnId>>,
     conns: HashMap<ConnId, Arc<Signal>>,
-    /// How many of a connection's subscriptions route through one filter (a plain and a
-    /// shared subscription may share it); the trie entry goes when the count reaches 0.
-    refs: HashMap<(ConnId, String), usize>,
+    /// How many more of a connection's subscriptions route through a filter it is already
+    /// routed by (a plain and a shared subscription may share one); the route goes when the
+    /// last of them does. Only those extra routes have an entry: the usual filter, routed once,
+    /// costs no more than its route.
+    extra: HashMap<(ConnId, String), usize>,
 }
 
 impl RouterInner {
     fn release(&mut self, conn: ConnId, filter: &TopicFilter) {
-        let key = (conn, filter.as_str().to_owned());
-        match self.refs.get_mut(&key) {
-            Some(n) if *n > 1 => *n -= 1,
-            Some(_) => {
-                self.refs.remove(&key);
-                self.trie.remove(filter, &conn);
+        if !self.extra.is_empty() {
+            let key = (conn, filter.as_str().to_owned());
+            if let Some(n) = self.extra.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.extra.remove(&key);
+                }
+                return;
             }
-            None => {}
+        }
+        if let Some(conns) = self.routes.get_mut(filter.as_str()) {
+            conns.retain(|c| *c != conn);
+            if conns.is_empty() {
+                self.routes.remove(filter.as_str());
+            }
+        }
+    }
+
+    fn wake(&self, name: &str) {
+        for conn in self.routes.get(name).into_iter().flatten() {
+            if let Some(n) = self.conns.get(conn) {
+                n.wake();
+            }
         }
     }
 }
 
 impl Router {
     pub(crate) fn add(&self, conn: ConnId, signal: &Arc<Signal>, filter: &TopicFilter) {
-        let mut r = self.inner.lock().expect("invariant: lock not poisoned");
+        let mut guard = self.inner.lock().expect("invariant: lock not poisoned");
+        let r = &mut *guard;
         r.conns.entry(conn).or_insert_with(|| signal.clone());
-        *r.refs.entry((conn, filter.as_str().to_owned())).or_default() += 1;
-        r.trie.insert(filter, conn);
+        let conns = match r.routes.get_mut(filter.as_str()) {
+            Some(conns) => conns,
+            // Room for exactly one connection: most filters have one subscriber.
+            None => r.routes.entry(filter.as_str().into()).or_insert_with(|| Vec::with_capacity(1)),
+        };
+        if conns.contains(&conn) {
+            *r.extra.entry((conn, filter.as_str().to_owned())).or_default() += 1;
+        } else {
+            conns.push(conn);
+        }
     }
 
     pub(crate) fn remove(&self, conn: ConnId, filter: &TopicFilter) {
@@ -103,12 +137,7 @@ impl Router {
     /// Wakes the connections subscribed through `filter` (a shared group's messages were given
     /// back: its online members pull them).
     pub(crate) fn wake(&self, filter: &TopicFilter) {
-        let r = self.inner.lock().expect("invariant: lock not poisoned");
-        for conn in r.trie.get(filter) {
-            if let Some(n) = r.conns.get(conn) {
-                n.wake();
-            }
-        }
+        self.inner.lock().expect("invariant: lock not poisoned").wake(filter.as_str());
     }
 
     pub(crate) fn drop_conn(&self, conn: ConnId, filters: impl Iterator<Item = TopicFilter>) {
@@ -123,12 +152,95 @@ impl Router {
 impl DispatchListener for Router {
     fn dispatched(&self, event: &Dispatched) {
         let r = self.inner.lock().expect("invariant: lock not poisoned");
-        for topic in &event.topics {
-            r.trie.for_each_match(topic, |_, conn| {
-                if let Some(n) = r.conns.get(conn) {
-                    n.wake();
-                }
-            });
+        for name in event.topics.iter().chain(&event.filters) {
+            r.wake(name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use silt_types::LogPosition;
+
+    /// Whether `signal` was woken since it was last checked (takes the wake-up).
+    fn woken(signal: &Signal) -> bool {
+        let notified = std::pin::pin!(signal.notified());
+        notified.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())).is_ready()
+    }
+
+    /// A round that indexed `topics` into their queues and into the queues of `filters`.
+    fn dispatch(router: &Router, topics: &[&str], filters: &[&str]) {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        router.dispatched(&Dispatched {
+            end: LogPosition(0),
+            queues: Vec::new(),
+            topics: names(topics),
+            filters: names(filters),
+        });
+    }
+
+    fn filter(f: &str) -> TopicFilter {
+        TopicFilter::new(f.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn a_round_wakes_the_subscribers_of_its_topics_and_filters_only() {
+        let router = Router::default();
+        let (plain, wild, other) =
+            (Arc::new(Signal::default()), Arc::new(Signal::default()), Arc::new(Signal::default()));
+        router.add(1, &plain, &filter("a/b"));
+        router.add(2, &wild, &filter("a/+"));
+        router.add(3, &other, &filter("c/#"));
+        // A record of `a/b` went to its topic's queue and to the queue of `a/+`.
+        dispatch(&router, &["a/b"], &["a/+"]);
+        assert!(woken(&plain) && woken(&wild));
+        assert!(!woken(&other), "nothing was indexed for c/#");
+        // A topic matching `a/+` whose record did not go to that filter's queue (it was
+        // registered after the record) wakes only its own subscribers.
+        dispatch(&router, &["a/c"], &[]);
+        assert!(!woken(&plain) && !woken(&wild) && !woken(&other));
+        router.wake(&filter("c/#"));
+        assert!(woken(&other), "a shared group's filter is woken by name");
+    }
+
+    #[test]
+    fn a_filter_routed_twice_for_one_connection_stays_until_both_routes_go() {
+        let router = Router::default();
+        let signal = Arc::new(Signal::default());
+        let f = filter("a/+");
+        // A plain subscription and a shared one through the same filter.
+        router.add(1, &signal, &f);
+        router.add(1, &signal, &f);
+        router.remove(1, &f);
+        dispatch(&router, &["a/b"], &["a/+"]);
+        assert!(woken(&signal), "one route is left: the connection must still be woken");
+        router.remove(1, &f);
+        dispatch(&router, &["a/b"], &["a/+"]);
+        assert!(!woken(&signal), "both routes are gone");
+        // Added again after going: routed once more, and gone with one removal.
+        router.add(1, &signal, &f);
+        dispatch(&router, &["a/b"], &["a/+"]);
+        assert!(woken(&signal));
+        router.remove(1, &f);
+        dispatch(&router, &["a/b"], &["a/+"]);
+        assert!(!woken(&signal));
+    }
+
+    #[test]
+    fn dropping_a_connection_releases_each_of_its_routes() {
+        let router = Router::default();
+        let (one, two) = (Arc::new(Signal::default()), Arc::new(Signal::default()));
+        let f = filter("a/#");
+        router.add(1, &one, &f);
+        router.add(1, &one, &f);
+        router.add(2, &two, &f);
+        router.drop_conn(1, [f.clone(), f.clone()].into_iter());
+        dispatch(&router, &["a/b"], &["a/#"]);
+        assert!(!woken(&one), "the dropped connection has no route left");
+        assert!(woken(&two), "another connection's route through the same filter stays");
+        router.remove(2, &f);
+        let r = router.inner.lock().unwrap();
+        assert!(r.routes.is_empty() && r.extra.is_empty() && r.conns.len() == 1, "only connection 2's signal is left");
     }
 }

@@ -60,6 +60,9 @@ pub struct Dispatched {
     pub queues: Vec<QueueId>,
     /// MQTT topics of the records indexed, each once.
     pub topics: Vec<String>,
+    /// Wildcard filters whose queues received entries, each once: with `topics`, a listener
+    /// knows every subscription with something new by exact name, matching nothing itself.
+    pub filters: Vec<String>,
 }
 
 /// Told after each dispatch round (the broker's notify path). Called on the dispatcher thread:
@@ -126,6 +129,7 @@ struct Round<'a> {
     appended: Vec<(QueueId, Offset, IndexEntry)>,
     queues: Vec<QueueId>,
     topics: Vec<String>,
+    filters: Vec<String>,
     ids_changed: bool,
     /// Records skipped (counted once the round is committed).
     skipped: u64,
@@ -258,6 +262,7 @@ impl Dispatcher {
             appended: Vec::new(),
             queues: Vec::new(),
             topics: Vec::new(),
+            filters: Vec::new(),
             ids_changed: false,
             skipped: 0,
         };
@@ -298,6 +303,7 @@ impl Dispatcher {
             appended,
             mut queues,
             mut topics,
+            mut filters,
             ids_changed,
             skipped,
         } = round;
@@ -339,7 +345,9 @@ impl Dispatcher {
             queues.dedup();
             topics.sort_unstable();
             topics.dedup();
-            let event = Dispatched { end: cursor, queues, topics };
+            filters.sort_unstable();
+            filters.dedup();
+            let event = Dispatched { end: cursor, queues, topics, filters };
             for l in &self.listeners {
                 l.dispatched(&event);
             }
@@ -433,6 +441,13 @@ impl Dispatcher {
                         }
                     },
                 };
+                // A filter queue's first entry of the round names the filter to listeners (a
+                // queue registered in this round was named by its registration).
+                if !self.listeners.is_empty()
+                    && let Some((b'f', filter)) = key.split_first()
+                {
+                    round.filters.push(String::from_utf8_lossy(filter).into_owned());
+                }
                 round.touched.entry(key.to_vec()).or_insert(s)
             }
         };
@@ -485,6 +500,9 @@ impl Dispatcher {
                     .write()
                     .expect("invariant: lock not poisoned")
                     .insert(&filter, FilterQueue { id, since: pos });
+                if !self.listeners.is_empty() {
+                    round.filters.push(filter.as_str().to_owned());
+                }
                 round.touched.insert(key, QueueState { id, next: Offset(0), max_ts: NO_TIME });
             }
             (OP_DROP_FILTER, Some(id)) => {

@@ -125,6 +125,66 @@ fn filter_queue_holds_exactly_the_matching_records_after_registration() {
     assert_eq!(s.queue_id(&filter("devices/+/telemetry")).unwrap(), None);
 }
 
+/// Keeps the topics and filters each dispatch round names.
+#[derive(Default)]
+struct Rounds(std::sync::Mutex<Vec<(Vec<String>, Vec<String>)>>);
+
+impl silt_storage::DispatchListener for Rounds {
+    fn dispatched(&self, event: &silt_storage::Dispatched) {
+        self.0.lock().unwrap().push((event.topics.clone(), event.filters.clone()));
+    }
+}
+
+impl Rounds {
+    /// The topics and the filters named so far, sorted, each once; waits (up to 10 s) until
+    /// `done` holds of them, as listeners are told just after a round's progress is announced.
+    fn until(&self, done: impl Fn(&[String], &[String]) -> bool) -> (Vec<String>, Vec<String>) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let (mut topics, mut filters) = (Vec::new(), Vec::new());
+            for (t, f) in self.0.lock().unwrap().iter() {
+                let mut unique = f.clone();
+                unique.sort();
+                unique.dedup();
+                assert_eq!(&unique, f, "a round names each filter once");
+                topics.extend(t.iter().cloned());
+                filters.extend(f.iter().cloned());
+            }
+            for v in [&mut topics, &mut filters] {
+                v.sort();
+                v.dedup();
+            }
+            if done(&topics, &filters) || std::time::Instant::now() > deadline {
+                return (topics, filters);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+#[test]
+fn a_round_names_the_filters_whose_queues_it_added_to_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rounds = Arc::new(Rounds::default());
+    let s = Storage::open_with(dir.path(), small_config(), vec![rounds.clone()]).unwrap();
+    for f in ["devices/+/telemetry", "devices/#", "other/#"] {
+        s.register_filter_blocking(&TopicFilter::new(f).unwrap()).unwrap();
+    }
+    // A registration names its filter (a record in the same round may have gone to it).
+    let (_, filters) = rounds.until(|_, f| f.len() == 3);
+    assert_eq!(filters, ["devices/#", "devices/+/telemetry", "other/#"]);
+    rounds.0.lock().unwrap().clear();
+    s.append_blocking(&[
+        record("d", 0, "devices/1/telemetry", "one"),
+        record("d", 0, "devices/2/status", "two"),
+        record("d", 0, "devices/3/telemetry", "three"),
+    ])
+    .unwrap();
+    let (topics, filters) = rounds.until(|t, _| t.len() == 3);
+    assert_eq!(topics, ["devices/1/telemetry", "devices/2/status", "devices/3/telemetry"]);
+    assert_eq!(filters, ["devices/#", "devices/+/telemetry"], "other/# received nothing");
+}
+
 #[test]
 fn deleted_index_is_rebuilt_identically_from_the_log() {
     let dir = tempfile::tempdir().unwrap();
