@@ -409,7 +409,7 @@ impl Broker {
     /// filter memory does not name is registered (appended) without a lookup first: that is
     /// needed for a new filter anyway, and an existing one is named by it from then on.
     async fn subscribe_queue(&self, filter: &TopicFilter) -> silt_storage::Result<Offset> {
-        let queue = queue_for(filter);
+        let queue = queue_for(filter.as_str());
         let read_index = |queue: QueueName| {
             let storage = self.storage.clone();
             async move {

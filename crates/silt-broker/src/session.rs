@@ -230,15 +230,10 @@ impl SessionSnapshot {
     }
 }
 
-/// The queue a subscription filter reads.
-pub fn queue_for(filter: &TopicFilter) -> QueueName {
-    queue_named(filter.as_str())
-}
-
-/// The queue of a valid filter given as its string (a subscription's key): built when needed
-/// rather than kept, since each persistent wildcard would otherwise hold a third copy of its
-/// filter beside its key and its persisted state.
-fn queue_named(filter: &str) -> QueueName {
+/// The queue a subscription reads, by its filter (a valid one: a session's key, or a
+/// [`TopicFilter`]'s string). Built when a read needs it rather than kept with each
+/// subscription, whose key already holds the filter.
+pub fn queue_for(filter: &str) -> QueueName {
     if filter.contains(['+', '#']) { QueueName::Filter(filter.to_owned()) } else { QueueName::Topic(filter.to_owned()) }
 }
 
@@ -320,14 +315,10 @@ impl Subscription {
         if !self.buf.is_empty() {
             return None;
         }
-        let read = |s: &Self| QueueRead {
-            filter: Arc::clone(filter),
-            name: queue_named(filter),
-            id: s.queue_id,
-            from: s.read,
-        };
+        let read =
+            |s: &Self| QueueRead { filter: Arc::clone(filter), name: queue_for(filter), id: s.queue_id, from: s.read };
         if self.queue_id.is_none() {
-            self.queue_id = storage.created_queue_id(&queue_named(filter));
+            self.queue_id = storage.created_queue_id(&queue_for(filter));
         }
         let Some(id) = self.queue_id else {
             return (self.absent != Some(storage.created_forgotten())).then(|| read(self));
@@ -356,7 +347,7 @@ impl Subscription {
 
     /// What [`backlog`] needs to count this subscription's backlog, taken from memory.
     pub fn backlog_cursor(&self, filter: &str) -> BacklogCursor {
-        BacklogCursor { queue: queue_named(filter), id: self.queue_id, cursor: self.state.cursor }
+        BacklogCursor { queue: queue_for(filter), id: self.queue_id, cursor: self.state.cursor }
     }
 }
 

@@ -48,7 +48,7 @@ const FEW: usize = 8;
 /// level) gets the hash map, boxed, with its nodes boxed: a slot of the map is then a key and a
 /// pointer (24 bytes) instead of a key and a whole node (112 bytes before the box made nodes 72),
 /// and its unused slots (up to half of them after a growth) cost as little. With per-device
-/// filters that is about a hundred bytes less per filter held, in each of the broker's tries.
+/// filters that is about a hundred bytes less per filter held in the dispatcher's trie.
 #[derive(Debug)]
 enum Children<V> {
     Few(Vec<(Box<str>, Node<V>)>),
