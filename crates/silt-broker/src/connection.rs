@@ -160,6 +160,9 @@ struct Conn<S> {
     /// Retained messages owed to new subscriptions (message, granted QoS, subscription id).
     retained_queue: VecDeque<(Message, silt_mqtt::QoS, Option<u32>)>,
     want_pull: bool,
+    /// Messages queued for the client since the last write, added to the broker's count there
+    /// (one shared addition per write, not per message).
+    sent: u32,
     /// QoS 2 deliveries queued but not yet persisted: written before the PUBLISH leaves.
     qos2_unpersisted: Vec<OutboundQos2>,
     /// Boxed: set once, at the close; every connection keeps the field.
@@ -257,6 +260,7 @@ where
                             group: None,
                             retained_queue: VecDeque::new(),
                             want_pull: true,
+                            sent: 0,
                             qos2_unpersisted: Vec::new(),
                             closed: None,
                             _open: open,
@@ -457,10 +461,7 @@ where
             return; // QoS 0: nothing to acknowledge
         }
         if ack.is_ok() {
-            let latency = received.elapsed();
-            for _ in &tokens {
-                self.broker.stats.ack_latency.observe(latency);
-            }
+            self.broker.stats.ack_latency.observe_n(received.elapsed(), tokens.len() as u64);
         }
         let stored = self.durable(ack);
         for token in tokens {
@@ -513,6 +514,9 @@ where
 
     /// Writes what the core has queued for the client.
     async fn flush(&mut self) -> std::io::Result<()> {
+        if self.sent > 0 {
+            self.broker.stats.messages_sent.fetch_add(u64::from(std::mem::take(&mut self.sent)), Ordering::Relaxed);
+        }
         let Some(bytes) = self.core.poll_transmit() else { return Ok(()) };
         self.io.write_all(&bytes).await?;
         self.io.flush().await?;

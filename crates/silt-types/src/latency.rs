@@ -105,10 +105,20 @@ impl LatencyHistogram {
 
     /// Records one observation.
     pub fn observe(&self, d: Duration) {
+        self.observe_n(d, 1);
+    }
+
+    /// Records `n` observations of the same duration (the messages of one group commit) in
+    /// two atomic additions, not two per message: the counters are shared by every
+    /// connection, and each addition moves their cache line between cores.
+    pub fn observe_n(&self, d: Duration, n: u64) {
+        if n == 0 {
+            return;
+        }
         let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let i = BOUNDS_NANOS.partition_point(|&b| b < nanos);
-        self.buckets[i].fetch_add(1, Relaxed);
-        self.sum_nanos.fetch_add(nanos, Relaxed);
+        self.buckets[i].fetch_add(n, Relaxed);
+        self.sum_nanos.fetch_add(nanos.saturating_mul(n), Relaxed);
     }
 
     /// The counts so far. Taken bucket by bucket while others may record: the count is the sum
@@ -145,6 +155,17 @@ mod tests {
         assert_eq!(s.buckets[5], (0.005, 1));
         assert_eq!(s.buckets[16], (f64::INFINITY, 1));
         assert!((s.sum_seconds - (60.0 + 0.003 + 0.000_251)).abs() < 1e-9, "{}", s.sum_seconds);
+    }
+
+    #[test]
+    fn a_group_of_observations_counts_each_of_them() {
+        let h = LatencyHistogram::new();
+        h.observe_n(Duration::from_micros(200), 3);
+        h.observe_n(Duration::from_millis(3), 0);
+        let s = h.snapshot();
+        assert_eq!(s.count, 3);
+        assert_eq!(s.buckets[1], (0.00025, 3));
+        assert!((s.sum_seconds - 0.0006).abs() < 1e-12, "{}", s.sum_seconds);
     }
 
     #[test]

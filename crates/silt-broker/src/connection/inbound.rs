@@ -10,7 +10,7 @@ use silt_mqtt::server::{
 use silt_mqtt::{Publish, QoS};
 
 use super::*;
-use crate::session::{SharedMembership, SubscriptionState};
+use crate::session::{Settles, SharedMembership, SubscriptionState};
 
 impl<S> Conn<S>
 where
@@ -25,11 +25,23 @@ where
     /// [`Self::run_events`], leaving the last publishes in the group for more of the same read
     /// to join (the caller submits it).
     pub(super) async fn run_events_grouped(&mut self) {
+        // QoS 1 acknowledgements of the session's own deliveries, settled together: a
+        // subscriber that keeps up acknowledges a batch per read, and each settle alone would
+        // take the session's lock.
+        let mut acked: Vec<(PacketId, Settles)> = Vec::new();
         while let Some(event) = self.core.poll_event() {
+            let event = match event {
+                Event::Delivered { id, qos: QoS::AtLeastOnce, data } if data.group.is_none() => {
+                    acked.push((id, data.settles));
+                    continue;
+                }
+                event => event,
+            };
             if !matches!(event, Event::Publish { .. }) {
-                // Whatever else the client sent is executed after the publishes before it,
-                // as it was sent.
+                // Whatever else the client sent is executed after the publishes and
+                // acknowledgements before it, as it was sent.
                 self.submit_group().await;
+                self.acknowledged(&mut acked).await;
             }
             match event {
                 Event::Publish { token, publish } => self.store(token, publish).await,
@@ -68,6 +80,7 @@ where
                 Event::Authenticate(_) | Event::Open(_) => {} // the handshake's, answered in `accept`
             }
         }
+        self.acknowledged(&mut acked).await;
     }
 
     /// Adds a publish to the group bound for the log (see [`Group`]); its answer is awaited in

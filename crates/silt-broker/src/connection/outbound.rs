@@ -115,13 +115,8 @@ where
         }
         {
             let mut s = self.session.lock().await;
-            if s.outbound_qos2.remove(id.get()).is_some() {
-                s.dirty = true;
-            }
-            if f.group.is_none() && !f.settles.is_empty() {
-                s.subs.settle(&f.settles);
-                s.dirty = true;
-            }
+            let own = if f.group.is_none() { &f.settles[..] } else { &[] };
+            completed_own(&mut s, id, own);
         }
         self.want_pull = true;
         if qos == QoS::ExactlyOnce {
@@ -132,6 +127,20 @@ where
                 tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 completion not persisted");
             }
         }
+    }
+
+    /// Settles QoS 1 deliveries of the session's own subscriptions that the client
+    /// acknowledged ([`Self::completed`]'s common case), all under one lock of the session.
+    pub(super) async fn acknowledged(&mut self, acked: &mut Vec<(PacketId, Settles)>) {
+        if acked.is_empty() {
+            return;
+        }
+        let mut s = self.session.lock().await;
+        for (id, settles) in acked.drain(..) {
+            completed_own(&mut s, id, &settles);
+        }
+        drop(s);
+        self.want_pull = true;
     }
 
     /// Pushes retained messages owed to new subscriptions, then pulls from the cursors, within
@@ -156,10 +165,16 @@ where
         if room == 0 {
             return;
         }
+        // The session's shared-group memberships, read under the lock its own pull takes.
+        let mut memberships: Vec<SharedMembership> = Vec::new();
+        let read_memberships = |s: &crate::session::Session| {
+            memberships.clear();
+            memberships.extend(s.shared.values().cloned());
+        };
         let (batch, unread) = match pull(
             &self.broker,
             &self.session,
-            session_parts,
+            (session_parts, read_memberships),
             Some(self.conn_id),
             &self.client_id,
             now,
@@ -184,14 +199,13 @@ where
             self.send_message(&o.message, qos, o.retain, o.dup, o.subscription_ids, o.settles, Some(o.entry), now);
         }
         // Shared groups: whichever member pulls first gets the message.
-        let memberships: Vec<SharedMembership> = self.session.lock().await.shared.values().cloned().collect();
         for m in memberships {
             if room == 0 {
                 self.want_pull = true;
                 break;
             }
             let Some(group) = self.broker.group(&m.key) else { continue };
-            let batch = match pull(&self.broker, &group, group_parts, None, "", now, room).await {
+            let batch = match pull(&self.broker, &group, (group_parts, |_: &_| {}), None, "", now, room).await {
                 Ok((b, unread)) => {
                     self.want_pull |= unread;
                     b
@@ -258,7 +272,7 @@ where
                         group: Some(key.to_owned()),
                     });
                 }
-                self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
+                self.sent += 1;
             }
             Sent::TooLarge(f) => {
                 let group = group.clone();
@@ -315,7 +329,7 @@ where
                         group: None,
                     });
                 }
-                self.broker.stats.messages_sent.fetch_add(1, Ordering::Relaxed);
+                self.sent += 1;
             }
             Sent::TooLarge(f) => {
                 // The client could not accept it: the spec says discard, as if delivered.
@@ -346,6 +360,19 @@ where
     }
 }
 
+/// Forgets the session's record of a delivery the client completed, and settles it in the
+/// session's own subscriptions (`settles` is empty for a shared group's, which its group
+/// settles).
+fn completed_own(s: &mut crate::session::Session, id: PacketId, settles: &[(Arc<str>, silt_types::Offset)]) {
+    if s.outbound_qos2.remove(id.get()).is_some() {
+        s.dirty = true;
+    }
+    if !settles.is_empty() {
+        s.subs.settle(settles);
+        s.dirty = true;
+    }
+}
+
 /// A session's subscriptions, cursors-moved flag and attached connection.
 fn session_parts(s: &mut crate::session::Session) -> Parts<'_> {
     (&mut s.subs, &mut s.dirty, s.conn)
@@ -362,12 +389,12 @@ type Parts<'a> = (&'a mut crate::session::Subscriptions, &'a mut bool, Option<Co
 /// group's), reading what memory does not hold on the blocking pool with the lock released,
 /// so a slow disk or object store stalls this delivery only, never a runtime thread or another
 /// task waiting for the lock. A connection `me` that is no longer the one attached (taken over
-/// while it read) gets nothing. Returns the messages and whether reads were still wanted (pull
-/// again soon).
+/// while it read) gets nothing. `also` reads what else its caller needs under the same lock.
+/// Returns the messages and whether reads were still wanted (pull again soon).
 async fn pull<T: Send>(
     broker: &Broker,
     lock: &tokio::sync::Mutex<T>,
-    parts: fn(&mut T) -> Parts<'_>,
+    (parts, mut also): (fn(&mut T) -> Parts<'_>, impl FnMut(&T) + Send),
     me: Option<ConnId>,
     client_id: &str,
     now: Timestamp,
@@ -386,6 +413,7 @@ async fn pull<T: Send>(
             }
             let p = subs.pull_shared(storage, Some(decoded), client_id, now, room)?;
             *dirty |= !p.out.is_empty();
+            also(&g);
             p
         };
         match pulled.reads {
