@@ -38,6 +38,11 @@ pub struct MqttConfig {
     /// credentials) at once. When full, the oldest still sending its handshake is closed to
     /// make room, so idle sockets cannot keep clients out.
     pub max_pending_connections: usize,
+    /// Subscriptions one session may hold (its own filters and shared-group memberships): each
+    /// is durable state (a consume queue for a wildcard, a record in the session's snapshot).
+    /// A SUBSCRIBE to a new filter beyond it is refused for that filter (SUBACK 0x97 in 5.0,
+    /// 0x80 in 3.1.1); replacing one the session holds is not.
+    pub max_subscriptions_per_session: usize,
     /// Passwords, ACLs and anonymous access (`[mqtt.auth]`).
     pub auth: crate::auth::AuthConfig,
     /// Seconds between `$SYS/` statistics publications (0: off).
@@ -68,6 +73,7 @@ impl Default for MqttConfig {
             cursor_commit_ms: 500,
             max_connections: 100_000,
             max_pending_connections: 1024,
+            max_subscriptions_per_session: 1000,
             auth: crate::auth::AuthConfig::default(),
             sys_interval_secs: 10,
             tls: None,
@@ -114,6 +120,9 @@ impl MqttConfig {
         }
         if self.max_pending_connections == 0 {
             return bad("max_pending_connections", "must be at least 1");
+        }
+        if self.max_subscriptions_per_session == 0 {
+            return bad("max_subscriptions_per_session", "must be at least 1");
         }
         self.auth.validate()?;
         if let Some(t) = &self.tls {

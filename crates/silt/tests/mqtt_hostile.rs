@@ -411,6 +411,70 @@ fn connections_beyond_max_connections_get_quota_exceeded_and_the_others_are_unto
     silt.stop();
 }
 
+/// Unsubscribes from `filter` and returns the UNSUBACK's code for it.
+fn unsubscribe(raw: &mut Raw, filter: &str) -> ReasonCode {
+    raw.send(Packet::Unsubscribe(silt_mqtt::Unsubscribe {
+        packet_id: pid(2),
+        filters: vec![filter.into()],
+        properties: Default::default(),
+    }));
+    match raw.recv() {
+        Some(Packet::UnsubAck(a)) => a.reason_codes[0],
+        other => panic!("expected UNSUBACK, got {other:?}"),
+    }
+}
+
+#[test]
+fn subscriptions_beyond_max_subscriptions_per_session_get_quota_exceeded_and_the_others_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("silt.toml");
+    std::fs::write(&cfg, "[mqtt]\nmax_subscriptions_per_session = 2\n").unwrap();
+    let silt = Silt::start_with(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+
+    // A filter of its own and a shared group's fill a 5.0 session's quota; the third new
+    // filter is refused, in the same SUBSCRIBE's order as any other.
+    let (mut q, _) = Raw::connect(silt.port, "q", false);
+    assert_eq!(q.subscribe("a/#", QoS::AtLeastOnce), ReasonCode::GrantedQoS1);
+    assert_eq!(q.subscribe("$share/g/b", QoS::AtLeastOnce), ReasonCode::GrantedQoS1);
+    assert_eq!(q.subscribe("c", QoS::AtLeastOnce), ReasonCode::QuotaExceeded);
+    assert_eq!(q.subscribe("$share/h/b", QoS::AtLeastOnce), ReasonCode::QuotaExceeded);
+    // Replacing a subscription the session holds is not a new one.
+    assert_eq!(q.subscribe("a/#", QoS::AtMostOnce), ReasonCode::Success);
+    assert_eq!(q.subscribe("$share/g/b", QoS::AtLeastOnce), ReasonCode::GrantedQoS1);
+    // What it holds still delivers; the refused filter does not (its message, published
+    // first, would arrive first).
+    let (mut p, _) = Raw::connect(silt.port, "p", true);
+    assert_eq!(p.publish_qos1("c", 1, b"refused", false), Some(ReasonCode::Success));
+    assert_eq!(p.publish_qos1("a/1", 2, b"held", false), Some(ReasonCode::Success));
+    assert_eq!(receive(&mut q), ("a/1".into(), b"held".to_vec()));
+    // An unsubscription gives its room back.
+    assert_eq!(unsubscribe(&mut q, "a/#"), ReasonCode::Success);
+    assert_eq!(q.subscribe("c", QoS::AtLeastOnce), ReasonCode::GrantedQoS1);
+    assert_eq!(p.publish_qos1("c", 3, b"now", false), Some(ReasonCode::Success));
+    assert_eq!(receive(&mut q), ("c".into(), b"now".to_vec()));
+    // Its PUBACK is settled once the broker answers what the client sent after it; otherwise
+    // the next connection could take the session over first and get the message again.
+    q.send(Packet::PingReq);
+    assert!(matches!(q.recv(), Some(Packet::PingResp)));
+    drop(q);
+
+    // The quota counts what the session kept across connections.
+    let (mut q, present) = Raw::connect(silt.port, "q", false);
+    assert!(present);
+    assert_eq!(q.subscribe("d", QoS::AtLeastOnce), ReasonCode::QuotaExceeded);
+
+    // A 3.1.1 client has no 0x97: its SUBACK says failure (0x80).
+    let mut old = Raw::open(silt.port, None, ProtocolVersion::V3_1_1);
+    let ack = old.send_connect(Connect::new(ProtocolVersion::V3_1_1, "old", 60)).expect("a CONNACK");
+    assert_eq!(ack.reason_code, ReasonCode::Success);
+    assert_eq!(old.subscribe("x", QoS::AtLeastOnce), ReasonCode::GrantedQoS1);
+    assert_eq!(old.subscribe("y", QoS::AtLeastOnce), ReasonCode::GrantedQoS1);
+    assert_eq!(old.subscribe("z", QoS::AtLeastOnce), ReasonCode::UnspecifiedError);
+    assert_eq!(p.publish_qos1("y", 4, b"v3", false), Some(ReasonCode::Success));
+    assert_eq!(receive(&mut old), ("y".into(), b"v3".to_vec()));
+    silt.stop();
+}
+
 #[test]
 fn protocol_leniency_is_gone_extended_auth_and_client_subscription_identifiers() {
     let dir = tempfile::tempdir().unwrap();

@@ -176,6 +176,20 @@ where
                     outcomes.push(Subscribed::NotAuthorized);
                     continue;
                 }
+                // A new filter beyond the session's quota is refused; replacing one it holds
+                // is not (the count does not grow).
+                let new = match &f.filter {
+                    SubscriptionFilter::Shared { key, .. } => !session.shared.contains_key(key.as_str()),
+                    SubscriptionFilter::Plain(filter) => !session.subs.subs.contains_key(filter.as_str()),
+                };
+                if new
+                    && session.subs.subs.len() + session.shared.len()
+                        >= self.broker.config.max_subscriptions_per_session
+                {
+                    tracing::debug!(client_id = %self.client_id, filter = %filter, "subscribe over mqtt.max_subscriptions_per_session");
+                    outcomes.push(Subscribed::QuotaExceeded);
+                    continue;
+                }
                 let outcome = match f.filter {
                     SubscriptionFilter::Shared { key, .. } => {
                         let membership =

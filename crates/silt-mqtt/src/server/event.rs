@@ -193,6 +193,9 @@ pub enum Subscribed {
         existed: bool,
     },
     NotAuthorized,
+    /// The session holds as many subscriptions as the broker allows (SUBACK 0x97 in 5.0, 0x80
+    /// in 3.1.1).
+    QuotaExceeded,
     Failed,
 }
 

@@ -122,7 +122,10 @@ impl<T> Connection<T> {
                         granted(qos)
                     }
                     Some(Subscribed::NotAuthorized) if v5 => ReasonCode::NotAuthorized,
-                    Some(Subscribed::NotAuthorized | Subscribed::Failed) | None => ReasonCode::UnspecifiedError,
+                    Some(Subscribed::QuotaExceeded) if v5 => ReasonCode::QuotaExceeded,
+                    Some(Subscribed::NotAuthorized | Subscribed::QuotaExceeded | Subscribed::Failed) | None => {
+                        ReasonCode::UnspecifiedError
+                    }
                 },
             };
             codes.push(code);
