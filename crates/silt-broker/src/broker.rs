@@ -63,26 +63,6 @@ struct State {
     ending: std::collections::HashSet<String>,
 }
 
-/// Broker-wide counters for `$SYS/` and the stats page.
-///
-/// Every connection adds to them from whichever core it runs on: aligned to lines of their
-/// own, so those additions do not evict the fields of [`Broker`] every message reads.
-/// Connections add per write or per group, not per message (see `Conn::flush`).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-pub struct Stats {
-    /// Sessions connected now, and CONNECTs accepted since start.
-    pub connections: AtomicU64,
-    pub connects: AtomicU64,
-    pub messages_received: AtomicU64,
-    pub messages_sent: AtomicU64,
-    pub bytes_received: AtomicU64,
-    pub bytes_sent: AtomicU64,
-    /// PUBLISH (QoS 1 and 2) received to stored as its topic's durability asks: when the
-    /// PUBACK / PUBREC can go.
-    pub ack_latency: silt_types::latency::LatencyHistogram,
-}
-
 pub struct Broker {
     pub storage: Arc<Storage>,
     pub config: Arc<MqttConfig>,
@@ -983,6 +963,8 @@ impl Broker {
 
 mod admin;
 pub use admin::{DeleteRefused, SessionView};
+mod stats;
+pub use stats::Stats;
 
 #[cfg(test)]
 mod tests;

@@ -40,6 +40,13 @@ fn login(id: &str, user: Option<(&str, &str)>, clean: bool) -> Connect {
     c
 }
 
+/// `silt serve` with `toml` as its config file, both under `dir`.
+fn start_configured(dir: &std::path::Path, toml: &str) -> Silt {
+    let cfg = dir.join("silt.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    Silt::start_with(&dir.join("data"), &["--config", cfg.to_str().unwrap()])
+}
+
 /// Connects and asserts the CONNACK's code; returns the client and whether a session was there.
 fn connect_expect(port: u16, c: Connect, code: ReasonCode) -> (Raw, bool) {
     let (raw, ack) = Raw::handshake(port, c);
@@ -320,9 +327,7 @@ fn a_burst_of_wrong_passwords_keeps_memory_bounded_and_legitimate_clients_connec
 #[test]
 fn idle_sockets_keep_no_client_out_and_the_log_stays_short() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("silt.toml");
-    std::fs::write(&cfg, "[mqtt]\nmax_connections = 50\nmax_pending_connections = 128\n").unwrap();
-    let silt = Silt::start_with(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let silt = start_configured(dir.path(), "[mqtt]\nmax_connections = 50\nmax_pending_connections = 128\n");
     let port = silt.port;
     let stop = Arc::new(AtomicBool::new(false));
     let attackers: Vec<_> = (0..4)
@@ -388,9 +393,7 @@ fn closed_by_broker(s: &TcpStream) -> bool {
 #[test]
 fn connections_beyond_max_connections_get_quota_exceeded_and_the_others_are_untouched() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("silt.toml");
-    std::fs::write(&cfg, "[mqtt]\nmax_connections = 2\n").unwrap();
-    let silt = Silt::start_with(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let silt = start_configured(dir.path(), "[mqtt]\nmax_connections = 2\n");
     let (mut a, _) = Raw::connect(silt.port, "a", true);
     let (_b, _) = Raw::connect(silt.port, "b", true);
     connect_expect(silt.port, login("c", None, true), ReasonCode::QuotaExceeded);
@@ -411,25 +414,10 @@ fn connections_beyond_max_connections_get_quota_exceeded_and_the_others_are_unto
     silt.stop();
 }
 
-/// Unsubscribes from `filter` and returns the UNSUBACK's code for it.
-fn unsubscribe(raw: &mut Raw, filter: &str) -> ReasonCode {
-    raw.send(Packet::Unsubscribe(silt_mqtt::Unsubscribe {
-        packet_id: pid(2),
-        filters: vec![filter.into()],
-        properties: Default::default(),
-    }));
-    match raw.recv() {
-        Some(Packet::UnsubAck(a)) => a.reason_codes[0],
-        other => panic!("expected UNSUBACK, got {other:?}"),
-    }
-}
-
 #[test]
 fn subscriptions_beyond_max_subscriptions_per_session_get_quota_exceeded_and_the_others_work() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("silt.toml");
-    std::fs::write(&cfg, "[mqtt]\nmax_subscriptions_per_session = 2\n").unwrap();
-    let silt = Silt::start_with(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let silt = start_configured(dir.path(), "[mqtt]\nmax_subscriptions_per_session = 2\n");
 
     // A filter of its own and a shared group's fill a 5.0 session's quota; the third new
     // filter is refused, in the same SUBSCRIBE's order as any other.
@@ -448,7 +436,7 @@ fn subscriptions_beyond_max_subscriptions_per_session_get_quota_exceeded_and_the
     assert_eq!(p.publish_qos1("a/1", 2, b"held", false), Some(ReasonCode::Success));
     assert_eq!(receive(&mut q), ("a/1".into(), b"held".to_vec()));
     // An unsubscription gives its room back.
-    assert_eq!(unsubscribe(&mut q, "a/#"), ReasonCode::Success);
+    assert_eq!(q.unsubscribe("a/#"), ReasonCode::Success);
     assert_eq!(q.subscribe("c", QoS::AtLeastOnce), ReasonCode::GrantedQoS1);
     assert_eq!(p.publish_qos1("c", 3, b"now", false), Some(ReasonCode::Success));
     assert_eq!(receive(&mut q), ("c".into(), b"now".to_vec()));

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use silt_mqtt::{
     ConnAck, Connect, ConnectProperties, Packet, PacketId, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
-    Subscribe, SubscribeProperties, Subscription, SubscriptionOptions,
+    Subscribe, SubscribeProperties, Subscription, SubscriptionOptions, Unsubscribe,
 };
 
 pub fn pid(n: u16) -> PacketId {
@@ -121,6 +121,19 @@ impl Raw {
         match self.recv() {
             Some(Packet::SubAck(a)) => a.reason_codes[0],
             other => panic!("expected SUBACK, got {other:?}"),
+        }
+    }
+
+    /// Unsubscribes from one filter; returns the UNSUBACK's reason code.
+    pub fn unsubscribe(&mut self, filter: &str) -> ReasonCode {
+        self.send(Packet::Unsubscribe(Unsubscribe {
+            packet_id: pid(2),
+            filters: vec![filter.into()],
+            properties: Default::default(),
+        }));
+        match self.recv() {
+            Some(Packet::UnsubAck(a)) => a.reason_codes[0],
+            other => panic!("expected UNSUBACK, got {other:?}"),
         }
     }
 
