@@ -58,6 +58,17 @@ use crate::multipart::Multipart;
 use crate::recovery::{read_footer, restore_local};
 use crate::store::{Backoff, LOCAL_SEGMENT, StoreUrl, retry};
 
+/// How long the uploader keeps its scans' read buffers once it has nothing to upload.
+const CHUNKS_IDLE: Duration = Duration::from_secs(30);
+
+/// The scan's chunks an upload can hold at once: the multipart buffer and the two parts it
+/// lets run (see `upload::put_object`), the runs queued between the scan and the store, and
+/// the chunk being read.
+fn chunks_in_flight(part_bytes: u64) -> usize {
+    let per_part = (part_bytes as usize).div_ceil(footer::CHUNK);
+    3 * per_part + 4 + 1
+}
+
 /// The broker's view on its internal streams (sessions, retained pointers, checkpoints), which
 /// share segments with messages: retention may delete a segment only when the broker no
 /// longer needs the internal records in it.
@@ -142,6 +153,8 @@ struct Inner {
     want: AtomicU64,
     want_notify: Notify,
     footers: Mutex<HashMap<u64, Arc<Footer>>>,
+    /// Read buffers of the uploads' scans (see [`footer::ChunkPool`]).
+    chunks: Arc<footer::ChunkPool>,
     lag_since: Mutex<Option<Instant>>,
     puts: AtomicU64,
     put_bytes: AtomicU64,
@@ -235,6 +248,7 @@ impl Tiering {
             cold.add_tail(ObjectRef { base: t.base, end: t.end, key: t.key.clone(), gaps: Vec::new() });
         }
         let (uploaded, _) = watch::channel(mine.covered_end());
+        let chunks = footer::ChunkPool::new(footer::CHUNK, chunks_in_flight(cfg.multipart_part_bytes));
         let inner = Arc::new(Inner {
             cfg,
             store,
@@ -254,6 +268,7 @@ impl Tiering {
             want: AtomicU64::new(0),
             want_notify: Notify::new(),
             footers: Mutex::new(HashMap::new()),
+            chunks,
             lag_since: Mutex::new(None),
             puts: AtomicU64::new(0),
             put_bytes: AtomicU64::new(0),
@@ -338,13 +353,19 @@ impl Tiering {
             let mut next_base = 0u64;
             let mut queue = std::collections::VecDeque::from(backlog);
             loop {
-                let seg = match queue.pop_front() {
-                    Some(s) => s,
-                    None => match sealed.recv().await {
-                        Some(s) => s,
-                        None => return,
+                let next = match queue.pop_front() {
+                    Some(s) => Some(s),
+                    // Idle a while: the scans' buffers go back to the allocator until the
+                    // next upload.
+                    None => match tokio::time::timeout(CHUNKS_IDLE, sealed.recv()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            up.chunks.clear();
+                            sealed.recv().await
+                        }
                     },
                 };
+                let Some(seg) = next else { return };
                 let objects_end = up.manifest.lock().await.end();
                 if seg.base.get() < next_base.max(objects_end) {
                     continue; // listed and announced both; uploaded once

@@ -58,14 +58,17 @@ pub(crate) async fn restore_local(
     }
     std::fs::create_dir_all(&log_dir).map_err(|e| Error::Recovery(format!("{}: {e}", log_dir.display())))?;
     let mut progress = Progress::new(total, missing.len());
+    // The scans only check: a chunk is dropped before the next is read, so two buffers serve
+    // every download.
+    let pool = footer::ChunkPool::new(footer::CHUNK, 2);
     for o in missing {
         let staged = silt_storage::staging_path(&log_dir, LogPosition(o.base));
         retry("download segment", || download(store, o, &staged)).await?;
         // Every batch's CRC is checked: the object is the segment the manifest names.
-        let (base, len, check) = (o.base, o.end - o.base, staged.clone());
+        let (base, len, check, pool) = (o.base, o.end - o.base, staged.clone(), pool.clone());
         let gaps: Vec<(u64, u64)> = o.gaps.iter().map(|&(s, e)| (s - o.base, e - o.base)).collect();
         tokio::task::spawn_blocking(move || {
-            footer::scan_file(&check, base, len, max_batch as usize, &gaps, &|_, _| false, &mut |_| Ok(()))
+            footer::scan_file(&check, base, len, max_batch as usize, &gaps, &pool, &|_, _| false, &mut |_| Ok(()))
         })
         .await
         .map_err(|e| Error::Recovery(e.to_string()))?

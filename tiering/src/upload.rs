@@ -121,10 +121,11 @@ impl Inner {
         // A few runs of batches (up to 1 MiB each) in flight between the scan and the store.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
         let (file, policies, base, gaps) = (seg.path.clone(), self.policies.clone(), seg.base.get(), gaps.to_vec());
+        let pool = self.chunks.clone();
         let scan = tokio::task::spawn_blocking(move || {
             let withhold = |t: &str, st: &str| policies.withholds(t, st);
             let mut emit = |b: Bytes| tx.blocking_send(b).map_err(|_| "upload attempt ended".to_string());
-            footer::scan_file(&file, base, len, max_batch, &gaps, &withhold, &mut emit)
+            footer::scan_file(&file, base, len, max_batch, &gaps, &pool, &withhold, &mut emit)
         });
         let local = |e: String| object_store::Error::Generic { store: LOCAL_SEGMENT, source: e.into() };
         if len <= part {
