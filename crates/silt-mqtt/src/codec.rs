@@ -226,7 +226,7 @@ mod tests {
     #[test]
     fn failed_encode_leaves_the_buffer_unchanged() {
         let mut buf = BytesMut::from(&b"keep"[..]);
-        let auth = Packet::Auth(crate::packet::Auth::default());
+        let auth = Packet::Auth(Box::default());
         assert!(auth.encode(V4, &mut buf).is_err());
         assert_eq!(&buf[..], b"keep");
     }

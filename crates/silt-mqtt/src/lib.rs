@@ -64,7 +64,7 @@ pub use packet::{
 };
 pub use properties::{
     AckProperties, AuthProperties, ConnAckProperties, ConnectProperties, DisconnectProperties, PublishProperties,
-    SubscribeProperties, UnsubscribeProperties, WillProperties,
+    PublishProps, SubscribeProperties, UnsubscribeProperties, WillProperties,
 };
 pub use property::{PropertyId, UserProperty};
 pub use reason::ReasonCode;

@@ -160,6 +160,74 @@ property_set! {
     }
 }
 
+/// A PUBLISH's properties, kept out of line: most PUBLISH packets carry none, and a PUBLISH
+/// is moved several times between the socket and the log (decoded into a packet, queued as an
+/// event, grouped), as is every packet: inline, the 144-byte set made [`crate::Packet`] 208
+/// bytes, a PUBACK included. Reads (through `Deref`) see the empty set when there is none; the
+/// first write (through `DerefMut`) allocates it.
+#[derive(Clone, Default)]
+pub struct PublishProps(Option<Box<PublishProperties>>);
+
+/// What [`PublishProps`] reads as when it holds nothing.
+const NO_PUBLISH_PROPERTIES: &PublishProperties = &PublishProperties {
+    payload_format_indicator: None,
+    message_expiry_interval: None,
+    topic_alias: None,
+    response_topic: None,
+    correlation_data: None,
+    user_properties: Vec::new(),
+    subscription_identifiers: Vec::new(),
+    content_type: None,
+};
+
+impl PublishProps {
+    /// The set, moved out (the empty set when there is none).
+    pub fn into_inner(self) -> PublishProperties {
+        self.0.map(|b| *b).unwrap_or_default()
+    }
+
+    /// Whether no property is set.
+    pub fn is_empty(&self) -> bool {
+        **self == *NO_PUBLISH_PROPERTIES
+    }
+}
+
+impl From<PublishProperties> for PublishProps {
+    /// Allocates only for a set that holds something.
+    fn from(p: PublishProperties) -> Self {
+        if p == *NO_PUBLISH_PROPERTIES { Self(None) } else { Self(Some(Box::new(p))) }
+    }
+}
+
+impl std::ops::Deref for PublishProps {
+    type Target = PublishProperties;
+
+    fn deref(&self) -> &PublishProperties {
+        self.0.as_deref().unwrap_or(NO_PUBLISH_PROPERTIES)
+    }
+}
+
+impl std::ops::DerefMut for PublishProps {
+    fn deref_mut(&mut self) -> &mut PublishProperties {
+        self.0.get_or_insert_default()
+    }
+}
+
+impl PartialEq for PublishProps {
+    /// Equal when the sets are: an allocated empty set equals none.
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for PublishProps {}
+
+impl std::fmt::Debug for PublishProps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
 property_set! {
     /// Properties of PUBACK, PUBREC, PUBREL, PUBCOMP, SUBACK and UNSUBACK: a reason string and
     /// user properties.
@@ -232,6 +300,24 @@ mod tests {
     use super::*;
     use crate::error::Malformed;
     use crate::wire::Reader;
+
+    #[test]
+    fn publish_properties_are_allocated_only_when_set() {
+        let none = PublishProps::from(PublishProperties::default());
+        assert!(none.0.is_none() && none.is_empty());
+        assert_eq!(none.topic_alias, None);
+        let mut set = PublishProps::from(PublishProperties { topic_alias: Some(3), ..Default::default() });
+        assert!(set.0.is_some() && !set.is_empty());
+        assert_eq!(set.topic_alias, Some(3));
+        // An allocated set emptied again equals none, and moves out whole.
+        set.topic_alias = None;
+        assert_eq!(set, none);
+        let mut written = PublishProps::default();
+        written.content_type.replace("text/plain".into()); // a write through `DerefMut`
+        assert_eq!(written.into_inner().content_type.as_deref(), Some("text/plain"));
+        // What the boxing is for: every decoded packet is moved by value several times.
+        assert!(std::mem::size_of::<crate::Packet>() <= 96, "{}", std::mem::size_of::<crate::Packet>());
+    }
 
     fn read<P: PropertySet>(bytes: &'static [u8]) -> Result<P, DecodeError> {
         P::read(&mut Reader::new(Bytes::from_static(bytes)))

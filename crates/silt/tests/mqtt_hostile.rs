@@ -477,7 +477,7 @@ fn protocol_leniency_is_gone_extended_auth_and_client_subscription_identifiers()
     let mut publish = Publish::new("lenient/x", &b"forwarded?"[..]);
     publish.qos = QoS::AtLeastOnce;
     publish.packet_id = Some(pid(1));
-    publish.properties = PublishProperties { subscription_identifiers: vec![5], ..Default::default() };
+    publish.properties = PublishProperties { subscription_identifiers: vec![5], ..Default::default() }.into();
     p.send(Packet::Publish(publish));
     assert_eq!(p.disconnect_reason(), Some(ReasonCode::ProtocolError));
     assert!(sub.quiet_for(300), "the message was not forwarded");

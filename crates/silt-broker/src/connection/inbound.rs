@@ -110,17 +110,18 @@ where
             .as_ref()
             .and_then(|g| g.publisher.clone())
             .unwrap_or_else(|| Bytes::copy_from_slice(self.client_id.as_bytes()));
+        let props = p.properties.into_inner();
         let message = Message {
             topic: p.topic,
             payload: p.payload,
             qos: p.qos.as_u8(),
             retain: p.retain,
-            utf8_payload: p.properties.payload_format_indicator.unwrap_or(false),
-            expiry: p.properties.message_expiry_interval,
-            content_type: p.properties.content_type,
-            response_topic: p.properties.response_topic,
-            correlation_data: p.properties.correlation_data,
-            user_properties: p.properties.user_properties,
+            utf8_payload: props.payload_format_indicator.unwrap_or(false),
+            expiry: props.message_expiry_interval,
+            content_type: props.content_type,
+            response_topic: props.response_topic,
+            correlation_data: props.correlation_data,
+            user_properties: props.user_properties,
             publisher: Some(publisher.clone()),
             timestamp: Timestamp::now(),
         };

@@ -84,7 +84,7 @@ where
             let mut p = Publish::new(m.topic.clone(), m.payload.clone());
             p.qos = if o.qos == 1 { QoS::AtLeastOnce } else { QoS::ExactlyOnce };
             if self.core.version().is_v5() {
-                p.properties = publish_properties(&m, o.subscription_ids.clone(), Timestamp::now());
+                p.properties = publish_properties(&m, o.subscription_ids.clone(), Timestamp::now()).into();
             }
             self.core.resend(id, p, data);
         }
@@ -255,7 +255,7 @@ where
         p.qos = qos;
         p.dup = o.dup;
         if self.core.version().is_v5() {
-            p.properties = publish_properties(m, ids.clone(), now);
+            p.properties = publish_properties(m, ids.clone(), now).into();
         }
         match self.core.send(p, Inflight { settles: o.settles.clone(), group: Some(group.clone()) }) {
             Sent::Queued(id) => {
@@ -312,7 +312,7 @@ where
         p.retain = retain;
         p.dup = dup;
         if self.core.version().is_v5() {
-            p.properties = publish_properties(m, subscription_ids, now);
+            p.properties = publish_properties(m, subscription_ids, now).into();
         }
         match self.core.send(p, Inflight { settles, group: None }) {
             Sent::Queued(id) => {

@@ -48,8 +48,9 @@ pub enum Packet {
     PingReq,
     PingResp,
     Disconnect(Disconnect),
-    /// MQTT 5.0 only.
-    Auth(Auth),
+    /// MQTT 5.0 only. Boxed, as rare as it is large (112 bytes, the largest variant after
+    /// PUBLISH's properties went out of line).
+    Auth(Box<Auth>),
 }
 
 impl Packet {
@@ -118,7 +119,7 @@ impl Packet {
                 if !version.is_v5() {
                     return Err(Malformed::ReservedPacketType(PacketType::Auth as u8).into());
                 }
-                Packet::Auth(Auth::decode(r)?)
+                Packet::Auth(Box::new(Auth::decode(r)?))
             }
         })
     }
@@ -153,7 +154,13 @@ macro_rules! impl_from {
 }
 
 impl_from!(Publish(Publish), Subscribe(Subscribe), SubAck(SubAck), Unsubscribe(Unsubscribe), UnsubAck(UnsubAck));
-impl_from!(Disconnect(Disconnect), Auth(Auth));
+impl_from!(Disconnect(Disconnect));
+
+impl From<Auth> for Packet {
+    fn from(p: Auth) -> Self {
+        Packet::Auth(Box::new(p))
+    }
+}
 
 impl From<Connect> for Packet {
     fn from(p: Connect) -> Self {

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::error::{DecodeError, EncodeError, Malformed, ProtocolViolation};
 use crate::packet::{check_topic_name, read_packet_id};
-use crate::properties::PublishProperties;
+use crate::properties::{PublishProperties, PublishProps};
 use crate::property::PropertySet;
 use crate::types::{PacketId, ProtocolVersion, QoS};
 use crate::wire::{Reader, Sink, put_string};
@@ -25,7 +25,7 @@ pub struct Publish {
     /// `Some` exactly when `qos` is 1 or 2.
     pub packet_id: Option<PacketId>,
     /// Always empty before MQTT 5.0.
-    pub properties: PublishProperties,
+    pub properties: PublishProps,
     pub payload: Bytes,
 }
 
@@ -47,7 +47,8 @@ impl Publish {
         }
         let topic = r.string("topic name")?;
         let packet_id = if qos == QoS::AtMostOnce { None } else { Some(read_packet_id(&mut r)?) };
-        let properties = if version.is_v5() { PublishProperties::read(&mut r)? } else { PublishProperties::default() };
+        let properties =
+            if version.is_v5() { PublishProperties::read(&mut r)?.into() } else { PublishProps::default() };
         check_topic_name(&topic, properties.topic_alias.is_some())?;
         Ok(Self { dup, qos, retain: flags & 1 != 0, topic, packet_id, properties, payload: r.rest() })
     }

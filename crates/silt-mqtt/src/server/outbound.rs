@@ -35,7 +35,9 @@ impl<T> Connection<T> {
         let mut new_alias = None;
         if self.version.is_v5() {
             let (alias, send_topic) = self.outbound_aliases.lookup(&publish.topic);
-            publish.properties.topic_alias = alias;
+            if alias.is_some() || publish.properties.topic_alias.is_some() {
+                publish.properties.topic_alias = alias; // a write allocates the set: only when needed
+            }
             match alias {
                 Some(a) if send_topic => new_alias = Some(a),
                 Some(_) => publish.topic.clear(),
