@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use silt_mqtt::server::{self, Close, Credentials, DelayedWill, Event, OpenRequest, Refusal, Settings, Stored, Token};
-use silt_mqtt::{PacketId, PublishProperties, Will};
+use silt_mqtt::{PacketId, PublishProperties, PublishView, QoS, Will};
 use silt_storage::Appended;
 use silt_types::Timestamp;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -570,6 +570,20 @@ fn will_message(w: Will, client_id: &str) -> Message {
         user_properties: w.properties.user_properties,
         publisher: Some(bytes::Bytes::copy_from_slice(client_id.as_bytes())),
         timestamp: Timestamp::now(),
+    }
+}
+
+/// An outgoing PUBLISH of `m`, borrowing its topic and payload: one message shared by many
+/// subscribers is encoded for each without a copy of either.
+fn view<'a>(m: &'a Message, qos: QoS, retain: bool, dup: bool, properties: &'a PublishProperties) -> PublishView<'a> {
+    PublishView { dup, qos, retain, topic: &m.topic, packet_id: None, properties, payload: &m.payload }
+}
+
+impl<S> Conn<S> {
+    /// The properties of `m` going out on this connection: none before MQTT 5.0 (the
+    /// subscription ids are not asked for).
+    fn publish_properties(&self, m: &Message, ids: impl FnOnce() -> Vec<u32>, now: Timestamp) -> PublishProperties {
+        if self.core.version().is_v5() { publish_properties(m, ids(), now) } else { PublishProperties::default() }
     }
 }
 

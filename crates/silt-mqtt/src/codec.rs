@@ -17,7 +17,7 @@ use bytes::{BufMut, BytesMut};
 use crate::error::{ConnectError, DecodeError, EncodeError, Malformed, ProtocolViolation};
 use crate::packet::{Connect, Packet};
 use crate::types::{PacketType, ProtocolVersion};
-use crate::wire::{MAX_VAR_INT, Reader, VarInt, measure, parse_var_int, put_len, var_int_len};
+use crate::wire::{MAX_VAR_INT, Reader, Sink, VarInt, measure, parse_var_int, put_len, var_int_len};
 
 /// Where the body of a complete frame starts and ends.
 struct Frame {
@@ -105,6 +105,39 @@ pub fn decode_connect(buf: &mut BytesMut, max_packet_size: u32) -> Result<Option
     Connect::decode(Reader::new(body)).map(Some)
 }
 
+/// A packet's body, written by [`encode_with`] twice: once to measure it, once into the buffer.
+pub(crate) trait Body {
+    fn write_body(&self, version: ProtocolVersion, s: &mut impl Sink) -> Result<(), EncodeError>;
+}
+
+/// Appends a packet: `first_byte`, the remaining length, then `body`. On error `buf` is
+/// unchanged.
+pub(crate) fn encode_with(
+    first_byte: u8,
+    body: &impl Body,
+    version: ProtocolVersion,
+    buf: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let remaining = remaining_len(body, version)?;
+    let start = buf.len();
+    buf.reserve(1 + var_int_len(remaining as u32) + remaining);
+    BufMut::put_u8(buf, first_byte);
+    let written = put_len(buf, remaining, "remaining length").and_then(|()| body.write_body(version, buf));
+    if let Err(e) = written {
+        buf.truncate(start);
+        return Err(e);
+    }
+    Ok(())
+}
+
+fn remaining_len(body: &impl Body, version: ProtocolVersion) -> Result<usize, EncodeError> {
+    let remaining = measure(|c| body.write_body(version, c))?;
+    if remaining > MAX_VAR_INT as usize {
+        return Err(EncodeError::PacketTooLarge(remaining));
+    }
+    Ok(remaining)
+}
+
 /// The protocol version a CONNECT's first bytes name, if enough of them are buffered.
 fn peek_connect_version(buf: &[u8]) -> Option<ProtocolVersion> {
     let VarInt::Value { len, .. } = parse_var_int(buf.get(1..)?) else { return None };
@@ -121,31 +154,14 @@ impl Packet {
     /// for MQTT 3.x), so a message from a 5.0 publisher can be forwarded to a 3.1.1
     /// subscriber as is. Packets that do not exist in `version` (AUTH before 5.0) are errors.
     pub fn encode(&self, version: ProtocolVersion, buf: &mut BytesMut) -> Result<(), EncodeError> {
-        let remaining = self.remaining_len(version)?;
-        let start = buf.len();
-        buf.reserve(1 + var_int_len(remaining as u32) + remaining);
-        buf.put_u8(self.first_byte());
-        let written = put_len(buf, remaining, "remaining length").and_then(|()| self.write_body(version, buf));
-        if let Err(e) = written {
-            buf.truncate(start);
-            return Err(e);
-        }
-        Ok(())
+        encode_with(self.first_byte(), self, version, buf)
     }
 
     /// Number of bytes [`Packet::encode`] would append, fixed header included: what the broker
     /// compares with a client's Maximum Packet Size before sending.
     pub fn encoded_len(&self, version: ProtocolVersion) -> Result<usize, EncodeError> {
-        let remaining = self.remaining_len(version)?;
+        let remaining = remaining_len(self, version)?;
         Ok(1 + var_int_len(remaining as u32) + remaining)
-    }
-
-    fn remaining_len(&self, version: ProtocolVersion) -> Result<usize, EncodeError> {
-        let remaining = measure(|c| self.write_body(version, c))?;
-        if remaining > MAX_VAR_INT as usize {
-            return Err(EncodeError::PacketTooLarge(remaining));
-        }
-        Ok(remaining)
     }
 }
 

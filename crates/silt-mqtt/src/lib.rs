@@ -59,8 +59,8 @@ pub use codec::{decode, decode_connect};
 pub use error::{ConnectError, DecodeError, EncodeError, Malformed, ProtocolViolation};
 pub use flow::{InboundAliases, Outbound, OutboundAliases, PubRecOutcome, keep_alive_deadline};
 pub use packet::{
-    Auth, ConnAck, Connect, Disconnect, Packet, PubResponse, Publish, RetainHandling, SubAck, Subscribe, Subscription,
-    SubscriptionOptions, UnsubAck, Unsubscribe, Will,
+    Auth, ConnAck, Connect, Disconnect, Packet, PubResponse, Publish, PublishView, RetainHandling, SubAck, Subscribe,
+    Subscription, SubscriptionOptions, UnsubAck, Unsubscribe, Will,
 };
 pub use properties::{
     AckProperties, AuthProperties, ConnAckProperties, ConnectProperties, DisconnectProperties, PublishProperties,

@@ -251,12 +251,8 @@ where
             tokio::spawn(async move { group.lock().await.subs.settle(&settles) });
             return;
         }
-        let mut p = Publish::new(m.topic.clone(), m.payload.clone());
-        p.qos = qos;
-        p.dup = o.dup;
-        if self.core.version().is_v5() {
-            p.properties = publish_properties(m, ids.clone(), now).into();
-        }
+        let props = self.publish_properties(m, || ids.clone(), now);
+        let p = view(m, qos, false, o.dup, &props);
         match self.core.send(p, Inflight { settles: o.settles.clone(), group: Some(group.clone()) }) {
             Sent::Queued(id) => {
                 if let (Some(id), QoS::ExactlyOnce) = (id, qos) {
@@ -307,14 +303,8 @@ where
             .then_some(entry)
             .flatten()
             .map(|entry| (entry, settles.clone(), subscription_ids.clone()));
-        let mut p = Publish::new(m.topic.clone(), m.payload.clone());
-        p.qos = qos;
-        p.retain = retain;
-        p.dup = dup;
-        if self.core.version().is_v5() {
-            p.properties = publish_properties(m, subscription_ids, now).into();
-        }
-        match self.core.send(p, Inflight { settles, group: None }) {
+        let props = self.publish_properties(m, || subscription_ids, now);
+        match self.core.send(view(m, qos, retain, dup, &props), Inflight { settles, group: None }) {
             Sent::Queued(id) => {
                 if let (Some(id), Some((entry, settles, subscription_ids))) = (id, tracked) {
                     self.qos2_unpersisted.push(OutboundQos2 {

@@ -19,7 +19,7 @@ pub use connack::ConnAck;
 pub use connect::{Connect, Will};
 pub use disconnect::Disconnect;
 pub use pub_response::PubResponse;
-pub use publish::Publish;
+pub use publish::{Publish, PublishView};
 pub use suback::SubAck;
 pub use subscribe::{RetainHandling, Subscribe, Subscription, SubscriptionOptions};
 pub use unsuback::UnsubAck;
@@ -123,9 +123,11 @@ impl Packet {
             }
         })
     }
+}
 
-    /// Writes the body (everything after the fixed header).
-    pub(crate) fn write_body(&self, version: ProtocolVersion, s: &mut impl Sink) -> Result<(), EncodeError> {
+/// Writes the body (everything after the fixed header).
+impl crate::codec::Body for Packet {
+    fn write_body(&self, version: ProtocolVersion, s: &mut impl Sink) -> Result<(), EncodeError> {
         let ty = self.packet_type();
         match self {
             Packet::Connect(p) => p.write(version, s),

@@ -36,7 +36,20 @@ impl Publish {
     }
 
     pub(crate) fn flags(&self) -> u8 {
-        (u8::from(self.dup) << 3) | (self.qos.as_u8() << 1) | u8::from(self.retain)
+        self.view().flags()
+    }
+
+    /// This PUBLISH, borrowed (for [`crate::server::Connection::send`]).
+    pub fn view(&self) -> PublishView<'_> {
+        PublishView {
+            dup: self.dup,
+            qos: self.qos,
+            retain: self.retain,
+            topic: &self.topic,
+            packet_id: self.packet_id,
+            properties: &self.properties,
+            payload: &self.payload,
+        }
     }
 
     pub(crate) fn decode(flags: u8, mut r: Reader, version: ProtocolVersion) -> Result<Self, DecodeError> {
@@ -54,10 +67,43 @@ impl Publish {
     }
 
     pub(crate) fn write(&self, version: ProtocolVersion, s: &mut impl Sink) -> Result<(), EncodeError> {
+        crate::codec::Body::write_body(&self.view(), version, s)
+    }
+}
+
+/// A PUBLISH whose topic, properties and payload are borrowed: how a broker sends one message
+/// to many subscribers, encoding each copy straight from the message they share instead of
+/// cloning its topic (an allocation) and payload (a reference count every subscriber's core
+/// touches) into a [`Publish`] per delivery.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishView<'a> {
+    pub dup: bool,
+    pub qos: QoS,
+    pub retain: bool,
+    pub topic: &'a str,
+    pub packet_id: Option<PacketId>,
+    pub properties: &'a PublishProperties,
+    pub payload: &'a [u8],
+}
+
+impl PublishView<'_> {
+    pub(crate) fn flags(&self) -> u8 {
+        (u8::from(self.dup) << 3) | (self.qos.as_u8() << 1) | u8::from(self.retain)
+    }
+
+    /// Appends the encoded PUBLISH to `buf`, as [`crate::Packet::encode`] would that of the
+    /// [`Publish`] holding the same fields. On error `buf` is unchanged.
+    pub fn encode(&self, version: ProtocolVersion, buf: &mut bytes::BytesMut) -> Result<(), EncodeError> {
+        crate::codec::encode_with(0x30 | self.flags(), self, version, buf)
+    }
+}
+
+impl crate::codec::Body for PublishView<'_> {
+    fn write_body(&self, version: ProtocolVersion, s: &mut impl Sink) -> Result<(), EncodeError> {
         if self.dup && self.qos == QoS::AtMostOnce {
             return Err(EncodeError::Invalid("DUP set on a QoS 0 PUBLISH"));
         }
-        put_string(s, &self.topic, "topic name")?;
+        put_string(s, self.topic, "topic name")?;
         match (self.qos, self.packet_id) {
             (QoS::AtMostOnce, None) => {}
             (QoS::AtMostOnce, Some(_)) => return Err(EncodeError::Invalid("packet identifier on a QoS 0 PUBLISH")),
@@ -67,7 +113,7 @@ impl Publish {
         if version.is_v5() {
             self.properties.write_block(s)?;
         }
-        s.put_slice(&self.payload);
+        s.put_slice(self.payload);
         Ok(())
     }
 }
@@ -119,6 +165,28 @@ mod tests {
         let p = decode(1, b"\x00\x01a", ProtocolVersion::V3_1_1).expect("valid");
         assert!(p.retain);
         assert!(p.payload.is_empty());
+    }
+
+    #[test]
+    fn a_view_encodes_as_its_packet_does() {
+        let mut p = Publish::new("a/b", "payload");
+        p.qos = QoS::AtLeastOnce;
+        p.packet_id = PacketId::new(9);
+        p.retain = true;
+        p.dup = true;
+        let plain = p.clone();
+        p.properties.content_type.replace("text/plain".into());
+        p.properties.subscription_identifiers.push(4);
+        for p in [plain, p] {
+            for version in [ProtocolVersion::V3_1_1, ProtocolVersion::V5] {
+                let (mut viewed, mut packet) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+                p.view().encode(version, &mut viewed).unwrap();
+                crate::Packet::Publish(p.clone()).encode(version, &mut packet).unwrap();
+                assert_eq!(viewed, packet);
+                let back = crate::decode(&mut viewed, version, 1 << 20).unwrap();
+                assert!(matches!(back, Some(crate::Packet::Publish(b)) if b.topic == "a/b" && b.payload == "payload"));
+            }
+        }
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! [`Connection::send_room`] allows one.
 
 use crate::flow::PubRecOutcome;
-use crate::packet::{Packet, PubResponse, Publish};
+use crate::packet::{Packet, PubResponse, Publish, PublishView};
+use crate::properties::PublishProperties;
 use crate::reason::ReasonCode;
 use crate::types::{PacketId, QoS};
 
@@ -22,7 +23,7 @@ impl<T> Connection<T> {
     /// [`Event::Delivered`] once the client completes it (QoS 1/2), or at once if it cannot be
     /// sent. The driver sets QoS, retain, DUP and (MQTT 5.0) the properties; the connection
     /// assigns the packet id and the topic alias.
-    pub fn send(&mut self, mut publish: Publish, data: T) -> Sent<T> {
+    pub fn send(&mut self, publish: PublishView<'_>, data: T) -> Sent<T> {
         let acknowledged = publish.qos != QoS::AtMostOnce;
         if !matches!(self.phase, Phase::Open) || (acknowledged && self.inflight.room() == 0) {
             return Sent::NoRoom(data);
@@ -31,30 +32,32 @@ impl<T> Connection<T> {
         // client's Maximum Packet Size as encoded: a packet that does not fit is taken back, and
         // neither its id nor a new alias is used.
         let id = acknowledged.then(|| self.inflight.free_id());
-        publish.packet_id = id;
+        let mut out = PublishView { packet_id: id, ..publish };
         let mut new_alias = None;
+        let aliased: PublishProperties;
         if self.version.is_v5() {
-            let (alias, send_topic) = self.outbound_aliases.lookup(&publish.topic);
-            if alias.is_some() || publish.properties.topic_alias.is_some() {
-                publish.properties.topic_alias = alias; // a write allocates the set: only when needed
+            let (alias, send_topic) = self.outbound_aliases.lookup(publish.topic);
+            if alias != publish.properties.topic_alias {
+                // Copied only when the alias changes them (rare: most messages carry none).
+                aliased = PublishProperties { topic_alias: alias, ..publish.properties.clone() };
+                out.properties = &aliased;
             }
             match alias {
                 Some(a) if send_topic => new_alias = Some(a),
-                Some(_) => publish.topic.clear(),
+                Some(_) => out.topic = "",
                 None => {}
             }
         }
         let qos = publish.qos;
-        let packet = Packet::Publish(publish);
         let start = self.transmit.len();
-        let fits = packet.encode(self.version, &mut self.transmit).is_ok()
+        let fits = out.encode(self.version, &mut self.transmit).is_ok()
             && (self.transmit.len() - start) as u64 <= u64::from(self.client_max_packet);
         if !fits {
             self.transmit.truncate(start);
             return Sent::TooLarge(data);
         }
-        if let (Some(a), Packet::Publish(p)) = (new_alias, &packet) {
-            self.outbound_aliases.define(&p.topic, a);
+        if let Some(a) = new_alias {
+            self.outbound_aliases.define(publish.topic, a);
         }
         if let Some(id) = id {
             self.inflight.send_as(id, qos, data);

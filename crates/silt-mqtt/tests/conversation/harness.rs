@@ -367,7 +367,7 @@ impl World {
             }
             let (h, p) = self.broker.backlog.pop_front().expect("front exists");
             any = true;
-            match self.server.send(p.clone(), h) {
+            match self.server.send(p.view(), h) {
                 Sent::Queued(Some(id)) => {
                     self.broker.session().inflight.insert(h, (p, id));
                 }

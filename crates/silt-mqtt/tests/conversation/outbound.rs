@@ -31,9 +31,9 @@ fn the_window_is_the_clients_receive_maximum_and_frees_on_puback() {
     let handles: Vec<u64> = (0..5).map(|_| w.deliver(publish("t/w", b"m", QoS::AtLeastOnce))).collect();
     assert_eq!(w.client.messages.len(), 2, "no more than the client's Receive Maximum in flight");
     assert_eq!(w.server.send_room(), 0);
-    assert!(matches!(w.server.send(publish("t/w", b"m", QoS::ExactlyOnce), 99), Sent::NoRoom(99)));
+    assert!(matches!(w.server.send(publish("t/w", b"m", QoS::ExactlyOnce).view(), 99), Sent::NoRoom(99)));
     assert!(
-        matches!(w.server.send(publish("t/w", b"q0", QoS::AtMostOnce), 98), Sent::Queued(None)),
+        matches!(w.server.send(publish("t/w", b"q0", QoS::AtMostOnce).view(), 98), Sent::Queued(None)),
         "QoS 0 takes no room"
     );
 
