@@ -38,7 +38,8 @@ impl<T> Connection<T> {
         if self.version.is_v5() {
             let (alias, send_topic) = self.outbound_aliases.lookup(publish.topic);
             if alias != publish.properties.topic_alias {
-                // Copied only when the alias changes them (rare: most messages carry none).
+                // Copied only when the alias changes them; a copy of an empty set (most
+                // messages carry none) allocates nothing.
                 aliased = PublishProperties { topic_alias: alias, ..publish.properties.clone() };
                 out.properties = &aliased;
             }
