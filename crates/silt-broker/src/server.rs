@@ -98,19 +98,23 @@ async fn accept_loop(
 
 /// One connection: the transport's handshake, then MQTT. A failed handshake ends only this
 /// connection. Its slots are given back when it is gone.
-async fn serve_one(
+///
+/// A plain function, not an `async fn`, so that the arguments are not kept beside the
+/// connection's own future for its whole life (see [`connection::run`]).
+pub(crate) fn serve_one(
     broker: Arc<Broker>,
     transport: Transport,
     stream: TcpStream,
     peer: SocketAddr,
     admitted: Admitted,
     shutdown: watch::Receiver<bool>,
-) {
+) -> impl Future<Output = ()> + Send {
+    use futures_util::future::Either;
     if let Transport::Tcp = transport {
-        return connection::run(broker, stream, peer, shutdown, admitted).await;
+        return Either::Left(connection::run(broker, stream, peer, shutdown, admitted));
     }
     // Boxed so that plain TCP connections don't carry the size of a TLS/WS handshake.
-    Box::pin(upgraded(broker, transport, stream, peer, shutdown, admitted)).await;
+    Either::Right(Box::pin(upgraded(broker, transport, stream, peer, shutdown, admitted)))
 }
 
 async fn upgraded(

@@ -173,6 +173,19 @@ impl<T> Outbound<T> {
         (s.qos == qos && (!needs_release || s.released)).then(|| self.remove(at))
     }
 
+    /// The window's next packet id and its size when nothing is in flight: all a window at
+    /// rest must remember ([`Outbound::resume`]).
+    pub fn at_rest(&self) -> Option<(u16, u16)> {
+        debug_assert!(!self.ids.is_empty() || self.restored == 0, "invariant: restored ones are in flight");
+        let window = u16::try_from(self.window).expect("invariant: made from a u16");
+        self.ids.is_empty().then_some((self.next_id, window))
+    }
+
+    /// An empty window that goes on from [`Outbound::at_rest`].
+    pub fn resume((next_id, window): (u16, u16)) -> Self {
+        Self { next_id, ..Self::new(window) }
+    }
+
     /// Everything still in flight (the connection is ending), in packet id order.
     pub fn drain(&mut self) -> impl Iterator<Item = T> + use<T> {
         self.restored = 0;

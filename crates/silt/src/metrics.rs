@@ -142,6 +142,12 @@ pub fn render(src: &Sources) -> String {
         let st = &b.stats;
         let mqtt = [("protocol", "mqtt")];
         s.gauge("silt_connections", "Open client connections.", st.connections.load(Relaxed)).with(&mqtt);
+        s.gauge(
+            "silt_connections_resting",
+            "Open client connections resting: idle, kept in their small form until they have work.",
+            st.resting.load(Relaxed),
+        )
+        .with(&mqtt);
         s.counter("silt_connects", CONNECTS_HELP, st.connects.load(Relaxed)).with(&mqtt);
         s.histogram("silt_ack_latency_seconds", ACK_LATENCY_HELP, st.ack_latency.snapshot()).with(&mqtt);
         s.counter("silt_messages_received", "Messages received from clients.", st.messages_received.load(Relaxed))

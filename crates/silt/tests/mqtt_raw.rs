@@ -448,3 +448,79 @@ fn a_burst_of_publishes_in_one_write_is_acknowledged_in_order_and_survives_kill_
     assert_eq!((&retained.payload[..], retained.retain), (&b"m499"[..], true));
     silt.stop();
 }
+
+/// Resting MQTT connections now, from `/metrics`.
+fn resting(silt: &Silt) -> f64 {
+    silt.metric("silt_connections_resting{protocol=\"mqtt\"}")
+}
+
+fn wait_resting(silt: &Silt, n: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while resting(silt) != n {
+        assert!(std::time::Instant::now() < deadline, "{n} connections never rested together (now {})", resting(silt));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// An idle connection rests in a small form (after a quiet commit interval) and wakes for
+/// everything it waits on, as if it had stayed awake: a message to deliver, the client's next
+/// packet (its topic alias still known), a takeover, keep alive running out (the will
+/// published), the server shutting down.
+#[test]
+fn resting_connections_wake_for_everything_they_wait_on() {
+    use silt_mqtt::{Connect, ProtocolVersion, ReasonCode, Will};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("silt.toml");
+    std::fs::write(&cfg, "[mqtt]\ncursor_commit_ms = 50\n").unwrap();
+    let silt = Silt::start_with(&dir.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let (mut sub, _) = Raw::connect(silt.port, "rest-sub", false);
+    assert_eq!(sub.subscribe("rest/#", QoS::AtLeastOnce), ReasonCode::GrantedQoS1);
+    let (mut publisher, _) = Raw::connect(silt.port, "rest-pub", true);
+    let mut p = Publish::new("rest/aliased", &b"one"[..]);
+    (p.qos, p.packet_id, p.properties.topic_alias) = (QoS::AtLeastOnce, Some(pid(1)), Some(7));
+    publisher.send(Packet::Publish(p));
+    assert!(matches!(publisher.recv(), Some(Packet::PubAck(a)) if a.packet_id == pid(1)));
+    let got = sub.recv_publish();
+    assert_eq!((got.topic.as_str(), &got.payload[..]), ("rest/aliased", &b"one"[..]));
+    sub.send(Packet::PubAck(PubResponse::new(got.packet_id.unwrap())));
+    wait_resting(&silt, 2.0);
+
+    // The resting publisher reads its next packet, by alias only; the resting subscriber is
+    // woken for it.
+    let mut p = Publish::new("", &b"two"[..]);
+    (p.qos, p.packet_id, p.properties.topic_alias) = (QoS::AtLeastOnce, Some(pid(2)), Some(7));
+    publisher.send(Packet::Publish(p));
+    match publisher.recv() {
+        Some(Packet::PubAck(a)) => assert_eq!((a.packet_id, a.reason_code), (pid(2), ReasonCode::Success)),
+        other => panic!("expected PUBACK, got {other:?}"),
+    }
+    let got = sub.recv_publish();
+    assert_eq!((got.topic.as_str(), &got.payload[..]), ("rest/aliased", &b"two"[..]));
+    assert_eq!(got.packet_id, Some(pid(2)), "packet ids go on after a rest");
+    sub.send(Packet::PubAck(PubResponse::new(pid(2))));
+
+    // Keep alive runs out while the connection rests: closed at 1.5 intervals, will published.
+    let mut mortal = Connect::new(ProtocolVersion::V5, "rest-mortal", 1);
+    mortal.will =
+        Some(Will { topic: "rest/will".into(), payload: bytes::Bytes::from_static(b"gone"), ..Will::default() });
+    let (mut mortal, ack) = Raw::handshake(silt.port, mortal);
+    assert_eq!(ack.map(|a| a.reason_code), Some(ReasonCode::Success));
+    wait_resting(&silt, 3.0);
+    let started = std::time::Instant::now();
+    let will = sub.recv_publish();
+    assert_eq!((will.topic.as_str(), &will.payload[..]), ("rest/will", &b"gone"[..]));
+    assert!(started.elapsed() < Duration::from_secs(5), "keep alive did not close the resting connection in time");
+    assert_eq!(mortal.disconnect_reason(), Some(ReasonCode::KeepAliveTimeout));
+
+    // A takeover wakes the resting subscriber to close it; its session goes on.
+    wait_resting(&silt, 2.0);
+    let (mut again, present) = Raw::connect(silt.port, "rest-sub", false);
+    assert!(present);
+    assert_eq!(sub.disconnect_reason(), Some(ReasonCode::SessionTakenOver));
+
+    // Shutdown reaches resting connections too.
+    wait_resting(&silt, 2.0);
+    silt.stop();
+    assert_eq!(again.disconnect_reason(), Some(ReasonCode::ServerShuttingDown));
+    assert_eq!(publisher.disconnect_reason(), Some(ReasonCode::ServerShuttingDown));
+}

@@ -13,6 +13,9 @@ pub struct Stats {
     /// Sessions connected now, and CONNECTs accepted since start.
     pub connections: AtomicU64,
     pub connects: AtomicU64,
+    /// Connections resting now: idle, kept in their small form until they have work (of
+    /// `connections`).
+    pub resting: AtomicU64,
     pub messages_received: AtomicU64,
     pub messages_sent: AtomicU64,
     pub bytes_received: AtomicU64,

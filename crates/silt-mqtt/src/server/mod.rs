@@ -118,7 +118,133 @@ pub struct Connection<T> {
     unsubscribes: Vec<PendingUnsubscribe>,
 }
 
+/// An open connection at rest, in a few dozen bytes where its working form takes hundreds:
+/// nothing in flight either way, no request to the broker unanswered, nothing left to write.
+/// A driver with many idle connections keeps them so ([`Connection::park`], then
+/// [`Connection::unpark`] when the connection has work again). It holds what the protocol
+/// remembers across the quiet time: the version, keep alive and the last input, the client's
+/// limits and topic aliases in both directions, the will, the session expiry, the next packet
+/// id.
+pub struct Parked {
+    last_input: Instant,
+    will: Option<Box<Will>>,
+    inbound_aliases: InboundAliases,
+    outbound_aliases: OutboundAliases,
+    client_max_packet: u32,
+    session_expiry: u32,
+    next_token: u32,
+    /// The outbound window's next packet id and size ([`Outbound::at_rest`]).
+    window: (u16, u16),
+    keep_alive: u16,
+    version: ProtocolVersion,
+    problem_information: bool,
+    connect_expiry_zero: bool,
+}
+
+impl Parked {
+    /// When keep alive closes the connection unless the client sends something first
+    /// ([`Connection::poll_timeout`] of the working form).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        keep_alive_deadline(self.last_input, Duration::from_secs(u64::from(self.keep_alive)))
+    }
+
+    /// The protocol version the client connected with.
+    pub fn version(&self) -> ProtocolVersion {
+        self.version
+    }
+}
+
 impl<T> Connection<T> {
+    /// The connection at rest ([`Parked`]), or itself back when it is not: it must be open,
+    /// with nothing in flight in either direction (no QoS 2 id awaiting its PUBREL either), no
+    /// request to the broker unread or unanswered, and nothing left to write.
+    #[allow(clippy::result_large_err, reason = "called once per idle spell; the connection comes back as it was")]
+    pub fn park(self) -> Result<Parked, Self> {
+        let Some(window) = self.inflight.at_rest().filter(|_| self.is_at_rest()) else {
+            return Err(self);
+        };
+        debug_assert_eq!(self.stores_counted, 0, "invariant: counted stores are in `stores`");
+        // Every field named: one added to the connection must be decided on here.
+        let Self {
+            settings: _,
+            phase: _,
+            version,
+            opened: _,
+            keep_alive,
+            last_input,
+            transmit: _,
+            events: _,
+            next_token,
+            inbound_aliases,
+            stores: _,
+            stores_counted: _,
+            awaiting_release: _,
+            inflight: _,
+            outbound_aliases,
+            client_max_packet,
+            problem_information,
+            session_expiry,
+            connect_expiry_zero,
+            will,
+            subscribes: _,
+            unsubscribes: _,
+        } = self;
+        Ok(Parked {
+            last_input,
+            will,
+            inbound_aliases,
+            outbound_aliases,
+            client_max_packet,
+            session_expiry,
+            next_token,
+            window,
+            keep_alive,
+            version,
+            problem_information,
+            connect_expiry_zero,
+        })
+    }
+
+    /// Whether [`Connection::park`] would take the connection (see there).
+    pub fn is_at_rest(&self) -> bool {
+        matches!(self.phase, Phase::Open)
+            && self.transmit.is_empty()
+            && self.events.is_empty()
+            && self.stores.is_empty()
+            && self.awaiting_release.is_empty()
+            && self.inflight.is_empty()
+            && self.subscribes.is_empty()
+            && self.unsubscribes.is_empty()
+    }
+
+    /// A parked connection in its working form again, with the settings it was made with.
+    pub fn unpark(p: Parked, settings: Settings) -> Self {
+        Self {
+            settings,
+            phase: Phase::Open,
+            version: p.version,
+            opened: true,
+            keep_alive: p.keep_alive,
+            last_input: p.last_input,
+            transmit: BytesMut::new(),
+            events: VecDeque::new(),
+            next_token: p.next_token,
+            inbound_aliases: p.inbound_aliases,
+            stores: VecDeque::new(),
+            stores_counted: 0,
+            awaiting_release: BTreeSet::new(),
+            inflight: Outbound::resume(p.window),
+            outbound_aliases: p.outbound_aliases,
+            client_max_packet: p.client_max_packet,
+            problem_information: p.problem_information,
+            session_expiry: p.session_expiry,
+            connect_expiry_zero: p.connect_expiry_zero,
+            will: p.will,
+            subscribes: Vec::new(),
+            unsubscribes: Vec::new(),
+        }
+    }
+
     /// A connection just accepted at `now`, waiting for its CONNECT. `nonce` seeds the
     /// identifier assigned to a client that sends an empty one.
     pub fn new(now: Instant, settings: Settings, nonce: u64) -> Self {

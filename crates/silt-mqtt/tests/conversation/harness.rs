@@ -272,6 +272,22 @@ impl World {
         self.connect(connect)
     }
 
+    /// Parks the server's connection and takes it back at once, as a driver does with an
+    /// idle one; returns whether it was at rest (if not, it is left as it was).
+    pub fn park_and_resume(&mut self) -> bool {
+        let placeholder = Connection::new(self.now, self.settings, 0);
+        match std::mem::replace(&mut self.server, placeholder).park() {
+            Ok(parked) => {
+                self.server = Connection::unpark(parked, self.settings);
+                true
+            }
+            Err(working) => {
+                self.server = working;
+                false
+            }
+        }
+    }
+
     /// Drops the next packet from the server that `matches`.
     pub fn lose(&mut self, matches: impl FnMut(&Packet) -> bool + 'static) {
         self.lose.push(Box::new(matches));

@@ -188,3 +188,71 @@ fn disconnect_may_set_the_expiry_a_connect_asked_for_even_when_the_server_grante
     w.run();
     assert_eq!(w.close_reason(), Some(&Close::Client { with_will: false }), "a normal DISCONNECT, not 0x82");
 }
+
+/// A driver parks a connection at rest and takes it back when it has work: the protocol goes
+/// on as if it had stayed in its working form (aliases both ways, the next packet id, keep
+/// alive from the last input, the will).
+#[test]
+fn a_parked_connection_goes_on_as_it_was() {
+    let mut connect = with_will(V5, 10, 0, 60);
+    connect.properties.topic_alias_maximum = Some(4);
+    let mut w = World::connected(connect);
+    let mut aliased = crate::harness::publish("in/topic", b"1", QoS::AtLeastOnce);
+    aliased.properties.topic_alias = Some(1);
+    w.client.publish(aliased);
+    w.run();
+    w.deliver(crate::harness::publish("out/topic", b"a", QoS::AtLeastOnce));
+    assert!(w.park_and_resume(), "nothing in flight, nothing to write: at rest");
+
+    let mut by_alias = crate::harness::publish("", b"2", QoS::AtLeastOnce);
+    by_alias.properties.topic_alias = Some(1);
+    w.client.publish(by_alias);
+    w.run();
+    let stored: Vec<&str> = w.broker.log.iter().map(|p| p.topic.as_str()).collect();
+    assert_eq!(stored, ["in/topic", "in/topic"], "the client's alias outlives the rest");
+    w.deliver(crate::harness::publish("out/topic", b"b", QoS::AtLeastOnce));
+    let sent: Vec<_> = w
+        .client
+        .received
+        .iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some((p.topic.clone(), p.properties.topic_alias, p.packet_id.map(|i| i.get()))),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [("out/topic".to_string(), Some(1), Some(1)), (String::new(), Some(1), Some(2))],
+        "the server's alias is used alone after the rest, and packet ids go on"
+    );
+
+    assert_eq!(w.server.poll_timeout(), Some(w.now + Duration::from_secs(15)));
+    assert!(w.park_and_resume());
+    w.advance(Duration::from_millis(14_999));
+    assert_eq!(w.close_reason(), None);
+    w.advance(Duration::from_millis(1));
+    assert_eq!(w.close_reason(), Some(&Close::KeepAliveTimeout), "keep alive counts from the last input");
+    assert_eq!(will_of(&w), Some(("wills/mortal".into(), Duration::ZERO)), "the will is kept");
+}
+
+/// A connection with anything in flight is not at rest: parking gives it back whole.
+#[test]
+fn a_connection_with_work_in_flight_is_not_parked() {
+    let mut w = World::connected(persistent(V5, "busy"));
+    w.client.auto_ack = false;
+    w.deliver(crate::harness::publish("t", b"x", QoS::AtLeastOnce));
+    assert!(!w.park_and_resume(), "a delivery awaits its PUBACK");
+    let delivered = w.client.messages[0].clone();
+    w.client.ack(&delivered);
+    w.run();
+    assert_eq!(w.broker.settled.len(), 1, "the acknowledgement still settles it");
+    assert!(w.park_and_resume());
+
+    w.broker.manual_stores = true;
+    w.client.publish(crate::harness::publish("t", b"y", QoS::AtLeastOnce));
+    w.run();
+    assert!(!w.park_and_resume(), "a store awaits the broker");
+    w.complete_store(0);
+    assert!(matches!(w.client.received.last(), Some(Packet::PubAck(_))));
+    assert!(w.park_and_resume());
+}
