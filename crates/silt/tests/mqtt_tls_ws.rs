@@ -264,24 +264,9 @@ async fn websocket_subscriber_receives_a_tcp_publish() {
 async fn websocket_over_tls_publish_reaches_a_tcp_subscriber() {
     let certs = certs();
     let data = tempfile::tempdir().unwrap();
-    // The keys of `[mqtt.websocket_tls]`, from a config file rather than the flags.
-    let config = data.path().join("silt.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[mqtt.websocket_tls]\nlisten = \"127.0.0.1:0\"\npath = \"/mqtt\"\ncert_file = {:?}\nkey_file = {:?}\n",
-            path_str(&certs.cert),
-            path_str(&certs.key)
-        ),
-    )
-    .unwrap();
-    let silt = Silt::start_with(&data.path().join("data"), &["--config", path_str(&config)]);
-    let port = silt.listener_port("wss");
-
+    let silt = start_wss(data.path(), &certs);
     let sub = mosquitto_sub(silt.port, None, "wss/in");
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let tls = tls_connector(&certs.der).connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
-    let mut client = ws_handshake(tls, port, "/mqtt", Some("mqtt")).await.unwrap();
+    let mut client = wss_client(&silt, &certs).await;
     client.connect("wss-pub", &[]).await;
     let mut publish = Publish::new("wss/in", &b"over wss"[..]);
     publish.qos = QoS::AtLeastOnce;
@@ -294,6 +279,53 @@ async fn websocket_over_tls_publish_reaches_a_tcp_subscriber() {
     let sub_done = tokio::task::spawn_blocking(move || sub.expect("over wss"));
     sub_done.await.unwrap();
     silt.stop();
+}
+
+/// A WebSocket-over-TLS connection that rests while idle (its TLS and WebSocket state kept
+/// with its socket) is woken by a delivery and reads its next packet.
+#[tokio::test]
+async fn an_idle_websocket_over_tls_connection_rests_and_wakes() {
+    let certs = certs();
+    let data = tempfile::tempdir().unwrap();
+    let silt = start_wss(data.path(), &certs);
+    let mut client = wss_client(&silt, &certs).await;
+    client.connect("wss-rest", &[subscribe("wss-rest/#")]).await;
+    assert!(matches!(client.recv().await, Packet::SubAck(a) if a.reason_codes == [ReasonCode::GrantedQoS1]));
+    let resting = || silt.metric("silt_connections_resting{protocol=\"mqtt\"}");
+    let deadline = std::time::Instant::now() + WAIT;
+    while resting() < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "the idle connection never rested");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    mosquitto_pub(silt.port, None, "wss-rest/news", "while resting");
+    expect_publish(client.recv().await, "wss-rest/news", b"while resting");
+    client.send(&[Packet::PingReq]).await;
+    assert_eq!(client.recv().await, Packet::PingResp);
+    silt.stop();
+}
+
+/// `silt serve` with a WebSocket-over-TLS listener, from the keys of `[mqtt.websocket_tls]` in
+/// a config file rather than the flags.
+fn start_wss(data: &Path, certs: &Certs) -> Silt {
+    let config = data.join("silt.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[mqtt.websocket_tls]\nlisten = \"127.0.0.1:0\"\npath = \"/mqtt\"\ncert_file = {:?}\nkey_file = {:?}\n",
+            path_str(&certs.cert),
+            path_str(&certs.key)
+        ),
+    )
+    .unwrap();
+    Silt::start_with(&data.join("data"), &["--config", path_str(&config)])
+}
+
+/// A client on the WebSocket-over-TLS listener, upgraded, before its CONNECT.
+async fn wss_client(silt: &Silt, certs: &Certs) -> WsMqtt<tokio_rustls::client::TlsStream<TcpStream>> {
+    let port = silt.listener_port("wss");
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let tls = tls_connector(&certs.der).connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
+    ws_handshake(tls, port, "/mqtt", Some("mqtt")).await.unwrap()
 }
 
 #[tokio::test]
