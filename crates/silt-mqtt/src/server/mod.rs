@@ -147,11 +147,6 @@ impl Parked {
     pub fn poll_timeout(&self) -> Option<Instant> {
         keep_alive_deadline(self.last_input, Duration::from_secs(u64::from(self.keep_alive)))
     }
-
-    /// The protocol version the client connected with.
-    pub fn version(&self) -> ProtocolVersion {
-        self.version
-    }
 }
 
 impl<T> Connection<T> {
