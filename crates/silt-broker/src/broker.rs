@@ -340,7 +340,7 @@ impl Broker {
                     g.expiry_secs = expiry_secs;
                     g.disconnected_at = None;
                     g.subs.rewind();
-                    g.conn = Some(conn);
+                    g.attach(conn);
                 }
                 (s, true)
             }
@@ -354,7 +354,7 @@ impl Broker {
         {
             let mut g = session.lock().await;
             g.owner.get_or_insert(owner);
-            g.conn = Some(conn);
+            g.attach(conn);
         }
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);

@@ -731,8 +731,9 @@ pub struct Session {
     pub client_id: ClientId,
     /// The connection attached to the session (set under this lock together with the rewind
     /// of a takeover): a connection taken over may still be finishing a delivery, and must
-    /// not pull for the session any more.
-    pub conn: Option<crate::router::ConnId>,
+    /// not pull for the session any more. Connection ids start at 1: the niche keeps the
+    /// session (with its lock and count) within 256 bytes, one allocator size class lower.
+    conn: Option<std::num::NonZeroU64>,
     /// Session expiry interval in seconds; 0 means the session ends with the connection.
     pub expiry_secs: u32,
     pub subs: Subscriptions,
@@ -775,6 +776,16 @@ impl SharedGroup {
 }
 
 impl Session {
+    /// The connection attached to the session, if one ever was.
+    pub fn conn(&self) -> Option<crate::router::ConnId> {
+        self.conn.map(std::num::NonZeroU64::get)
+    }
+
+    /// Attaches `conn` (an id from the broker's count, which starts at 1).
+    pub(crate) fn attach(&mut self, conn: crate::router::ConnId) {
+        self.conn = Some(std::num::NonZeroU64::new(conn).expect("invariant: connection ids start at 1"));
+    }
+
     pub(crate) fn new(client_id: ClientId, expiry_secs: u32) -> Self {
         Self {
             client_id,

@@ -365,7 +365,8 @@ fn completed_own(s: &mut crate::session::Session, id: PacketId, settles: &[(Arc<
 
 /// A session's subscriptions, cursors-moved flag and attached connection.
 fn session_parts(s: &mut crate::session::Session) -> Parts<'_> {
-    (&mut s.subs, &mut s.dirty, s.conn)
+    let conn = s.conn();
+    (&mut s.subs, &mut s.dirty, conn)
 }
 
 /// A shared group's (attached to no connection).
