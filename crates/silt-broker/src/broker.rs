@@ -651,6 +651,15 @@ impl Broker {
         }
     }
 
+    /// Tells every connection to close, and why: the server's shutdown reaches resting
+    /// connections this way (they wait on their signal only). A connection that registers after
+    /// this call sees the shutdown in its own loop, before it could rest.
+    pub(crate) fn kick_all(&self, why: Kick) {
+        for owner in self.state().owners.values() {
+            owner.signal.kick(why);
+        }
+    }
+
     /// Called when a connection ends. Persistent sessions stay (offline) with their cursors.
     pub async fn disconnect(&self, conn: ConnId, session: &SessionRef) {
         let (client_id, filters) = {

@@ -2,59 +2,81 @@
 //! dispatch round that indexed something for that filter.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use futures_util::task::AtomicWaker;
 
 use silt_storage::{DispatchListener, Dispatched};
 use silt_types::TopicFilter;
-use tokio::sync::Notify;
 
 /// Identifies one network connection.
 pub type ConnId = u64;
 
 /// How a connection is told to act: wake up for new messages, or close because another
-/// connection took its client id over or an operator closed it. One `Notify` serves every
-/// reason, so an idle connection waits on one thing (its memory is most of what an idle
-/// connection costs); the reason to close rides beside it.
+/// connection took its client id over, an operator closed it or the server is shutting down.
+/// One waker serves every reason, so an idle connection waits on one thing (its memory is most
+/// of what an idle connection costs); the reason to close rides beside it.
+///
+/// One task waits on a signal, its connection's: an [`AtomicWaker`] and a flag are all it
+/// needs (a `Notify` keeps a list of waiters, and each wait a node of 64 bytes in the
+/// waiting future).
 #[derive(Default)]
 pub struct Signal {
-    notify: Notify,
+    waker: AtomicWaker,
+    /// Woken since the connection last looked ([`Signal::poll_woken`]).
+    woken: AtomicBool,
     kick: AtomicU8,
 }
 
-/// Why a connection is told to close (see [`Signal::kick`]); an operator's close wins.
+/// Why a connection is told to close (see [`Signal::kick`]); the higher wins.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum Kick {
-    TakenOver = 1,
-    Operator = 2,
+    Shutdown = 1,
+    TakenOver = 2,
+    Operator = 3,
 }
 
 impl Signal {
     /// Something may be there to pull.
     pub fn wake(&self) {
-        self.notify.notify_one();
+        self.woken.store(true, Ordering::Release);
+        self.waker.wake();
     }
 
     /// Tells the connection to close, and why.
     pub fn kick(&self, why: Kick) {
         self.kick.fetch_max(why as u8, Ordering::Release);
-        self.notify.notify_one();
+        self.wake();
     }
 
     /// Whether the connection was told to close, and why.
     pub fn kicked(&self) -> Option<Kick> {
         match self.kick.load(Ordering::Acquire) {
             0 => None,
-            1 => Some(Kick::TakenOver),
+            1 => Some(Kick::Shutdown),
+            2 => Some(Kick::TakenOver),
             _ => Some(Kick::Operator),
         }
     }
 
+    /// Ready once a [`wake`](Self::wake) or [`kick`](Self::kick) came since the last time it
+    /// was ready (and takes it); otherwise the task of `cx` is woken at the next one.
+    pub fn poll_woken(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.woken.swap(false, Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        // A wake between the check and the registration found no waker to wake: look again.
+        if self.woken.swap(false, Ordering::Acquire) { Poll::Ready(()) } else { Poll::Pending }
+    }
+
     /// Completes at the next [`wake`](Self::wake) or [`kick`](Self::kick), or at once when
     /// one came since the last wait.
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.notify.notified()
+    pub fn notified(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(|cx| self.poll_woken(cx))
     }
 }
 
@@ -166,8 +188,7 @@ mod tests {
 
     /// Whether `signal` was woken since it was last checked (takes the wake-up).
     fn woken(signal: &Signal) -> bool {
-        let notified = std::pin::pin!(signal.notified());
-        notified.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())).is_ready()
+        signal.poll_woken(&mut Context::from_waker(std::task::Waker::noop())).is_ready()
     }
 
     /// A round that indexed `topics` into their queues and into the queues of `filters`.

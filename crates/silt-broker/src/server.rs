@@ -11,11 +11,13 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_util::task::TaskTracker;
 
 use crate::admission::{Admission, Arrival};
 use crate::broker::Broker;
 use crate::connection::{self, Admitted};
 use crate::listeners::{self, HANDSHAKE_TIMEOUT, Listener, Transport};
+use crate::router::Kick;
 use silt_dataset::log_limit::{self, LogLimit};
 
 /// Accepts MQTT connections on `listener` until `shutdown` turns true, then closes every
@@ -46,7 +48,9 @@ async fn accept_loop(
     static FULL: LogLimit = LogLimit::new(log_limit::EVERY);
     static EVICTED: LogLimit = LogLimit::new(log_limit::EVERY);
     let kind = listener.kind();
-    let mut tasks = JoinSet::new();
+    // Connections' tasks, counted for the drain at shutdown. A tracker, not a `JoinSet`: that
+    // keeps an entry per task (64 bytes per idle connection) and has each finished task reaped.
+    let tasks = TaskTracker::new();
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
@@ -86,12 +90,13 @@ async fn accept_loop(
                 let admitted = Admitted { slot, admission: admission.clone() };
                 tasks.spawn(serve_one(broker.clone(), listener.transport.clone(), stream, peer, admitted, shutdown.clone()));
             }
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
     }
-    // Connections see the same signal and close themselves; wait for them (bounded).
-    let drain = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(10), drain).await.is_err() {
+    // Working connections see the same signal and close themselves; resting ones wait on
+    // their own signal only. Then wait for them all (bounded).
+    broker.kick_all(Kick::Shutdown);
+    tasks.close();
+    if tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await.is_err() {
         tracing::warn!(kind, "some connections did not close within 10 s");
     }
 }
@@ -154,7 +159,7 @@ pub async fn serve_io<S>(
     admission: Arc<Admission>,
     io: S,
     peer: SocketAddr,
-    shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -162,7 +167,16 @@ pub async fn serve_io<S>(
         Arrival::Admitted(slot) | Arrival::Evicted(slot) => slot,
         Arrival::Full => return,
     };
-    connection::run(broker, io, peer, shutdown, Admitted { slot, admission }).await;
+    let mut conn =
+        std::pin::pin!(connection::run(broker.clone(), io, peer, shutdown.clone(), Admitted { slot, admission }));
+    tokio::select! {
+        () = &mut conn => {}
+        _ = shutdown.changed() => {
+            // As the accept loops do: a resting connection waits on its own signal only.
+            broker.kick_all(Kick::Shutdown);
+            conn.await;
+        }
+    }
 }
 
 /// Periodic housekeeping: session expiry and `$SYS/` statistics.

@@ -499,6 +499,17 @@ fn resting_connections_wake_for_everything_they_wait_on() {
     assert_eq!(got.packet_id, Some(pid(2)), "packet ids go on after a rest");
     sub.send(Packet::PubAck(PubResponse::new(pid(2))));
 
+    // A packet larger than a rest reads on waking (the working loop reads the rest of it).
+    wait_resting(&silt, 2.0);
+    let big: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
+    let mut p = Publish::new("rest/big", big.clone());
+    (p.qos, p.packet_id) = (QoS::AtLeastOnce, Some(pid(3)));
+    publisher.send(Packet::Publish(p));
+    assert!(matches!(publisher.recv(), Some(Packet::PubAck(a)) if a.packet_id == pid(3)));
+    let got = sub.recv_publish();
+    assert_eq!((got.topic.as_str(), &got.payload[..]), ("rest/big", &big[..]));
+    sub.send(Packet::PubAck(PubResponse::new(got.packet_id.unwrap())));
+
     // Keep alive runs out while the connection rests: closed at 1.5 intervals, will published.
     let mut mortal = Connect::new(ProtocolVersion::V5, "rest-mortal", 1);
     mortal.will =

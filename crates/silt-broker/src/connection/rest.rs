@@ -8,7 +8,10 @@ use std::sync::atomic::Ordering;
 
 use bytes::BytesMut;
 use silt_mqtt::server::{self, Close};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 
@@ -35,12 +38,54 @@ pub(super) struct Resting<S> {
 
 /// What ended a rest.
 enum Woken {
-    Shutdown,
-    Read(std::io::Result<usize>),
-    /// Messages to pull, or a kick.
+    /// Bytes from the client (or its end, or an error).
+    Read(std::io::Result<BytesMut>),
+    /// Messages to pull, or a kick (a takeover, an operator's close, the server's shutdown).
     Signal,
     /// The keep alive deadline.
     Timeout,
+}
+
+/// How many bytes a rest reads when the client sends again: enough for the usual next packet
+/// (a PINGREQ, a small PUBLISH); more is read by the working loop. Read into the poll's stack,
+/// not into a buffer every resting connection would keep.
+const WAKING_READ: usize = 256;
+
+pin_project_lite::pin_project! {
+    /// A rest: what every idle connection's task holds. One poll over the three sources of
+    /// work instead of a `select!` of their futures or an `async fn` (which would keep the
+    /// resting form twice, its argument and the binding its body moves it to): a read and a
+    /// signal need no state between polls, only keep alive's timer does.
+    pub(super) struct Rest<S> {
+        resting: Option<Resting<S>>,
+        #[pin]
+        keep_alive: Option<tokio::time::Sleep>,
+    }
+}
+
+impl<S> Future for Rest<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    type Output = Box<Conn<S>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Box<Conn<S>>> {
+        let this = self.project();
+        let resting = this.resting.as_mut().expect("invariant: a rest is not polled after it ended");
+        let mut buf = [0u8; WAKING_READ];
+        let mut read = ReadBuf::new(&mut buf);
+        let woken = if let Poll::Ready(r) = Pin::new(&mut resting.io).poll_read(cx, &mut read) {
+            Woken::Read(r.map(|()| BytesMut::from(read.filled())))
+        } else if resting.wake.poll_woken(cx).is_ready() {
+            Woken::Signal
+        } else if let Some(Poll::Ready(())) = this.keep_alive.as_pin_mut().map(|sleep| sleep.poll(cx)) {
+            Woken::Timeout
+        } else {
+            return Poll::Pending;
+        };
+        let resting = this.resting.take().expect("invariant: checked above");
+        Poll::Ready(resting.wake(woken))
+    }
 }
 
 impl<S> Resting<S>
@@ -48,29 +93,29 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     /// Waits for the connection's next work (bytes from the client, messages to pull, a kick,
-    /// keep alive running out, the server shutting down) and returns the connection in its
-    /// working form with that work to do.
-    async fn rest(mut self) -> Box<Conn<S>> {
+    /// keep alive running out) and returns the connection in its working form with that work
+    /// to do. The server's shutdown arrives as a kick ([`Broker::kick_all`]).
+    fn rest(self) -> Rest<S> {
         self.broker.stats.resting.fetch_add(1, Ordering::Relaxed);
-        let mut inbuf = BytesMut::new();
-        let deadline = self.core.poll_timeout().map(Instant::from_std);
-        let woken = tokio::select! {
-            biased;
-            _ = self.shutdown.changed() => Woken::Shutdown,
-            read = self.io.read_buf(&mut inbuf) => Woken::Read(read),
-            _ = self.wake.notified() => Woken::Signal,
-            _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => Woken::Timeout,
-        };
+        let keep_alive = self.core.poll_timeout().map(|d| tokio::time::sleep_until(Instant::from_std(d)));
+        Rest { resting: Some(self), keep_alive }
+    }
+
+    /// The working form, with the work that ended the rest.
+    fn wake(self, woken: Woken) -> Box<Conn<S>> {
         self.broker.stats.resting.fetch_sub(1, Ordering::Relaxed);
-        let mut conn = Box::new(self.resume(inbuf));
+        let (mut conn, woken) = match woken {
+            Woken::Read(Ok(inbuf)) => (Box::new(self.resume(inbuf)), None),
+            other => (Box::new(self.resume(BytesMut::new())), Some(other)),
+        };
         match woken {
-            Woken::Shutdown => conn.core.close(Close::Shutdown),
-            Woken::Read(Ok(0) | Err(_)) => conn.core.close(Close::Lost),
-            Woken::Read(Ok(n)) => {
-                conn.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+            None if conn.inbuf.is_empty() => conn.core.close(Close::Lost),
+            None => {
+                conn.broker.stats.bytes_received.fetch_add(conn.inbuf.len() as u64, Ordering::Relaxed);
             }
-            Woken::Signal => conn.want_pull = true,
-            Woken::Timeout => conn.core.handle_timeout(Instant::now().into_std()),
+            Some(Woken::Read(_)) => conn.core.close(Close::Lost),
+            Some(Woken::Signal) => conn.want_pull = true,
+            Some(Woken::Timeout) => conn.core.handle_timeout(Instant::now().into_std()),
         }
         conn
     }
@@ -134,6 +179,10 @@ where
             && self.inbuf.is_empty()
             && self.closed.is_none()
             && self.wake.kicked().is_none()
+            // The shutdown reaches a resting connection only through its signal, as a kick
+            // (`Broker::kick_all`); one that began before that kick could reach it must close.
+            && !*self.shutdown.borrow()
+            && self.shutdown.has_changed().is_ok()
     }
 
     /// The connection in its resting form, if it is at rest ([`Conn::at_rest`]); otherwise
