@@ -54,6 +54,13 @@ use rest::idle;
 
 /// How long a client has to send CONNECT.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The read buffer a connection starts with, for its CONNECT; freed once the packets that came
+/// with it are handled. Not 512 bytes: that is the size of the task every connection keeps (see
+/// `the_connection_future_stays_small`), and a buffer freed from the same allocator size class
+/// leaves a hole beside each idle connection's task that the allocator cannot return (measured,
+/// BENCHMARKS.md: 0.38 KiB of RSS per idle connection). Freed memory of a size class no idle
+/// connection keeps goes back whole.
+const HANDSHAKE_BUFFER: usize = 1024;
 /// Most messages pulled per wake-up before the loop services the socket again.
 const PULL_BATCH: usize = 256;
 /// Most publishes of one read handed to the log as one batch, and their bytes (a lone
@@ -121,9 +128,9 @@ pub(crate) fn run<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    // Small to start, and given back once the handshake has emptied it: an idle connection
-    // should cost little; buffers grow with traffic.
-    let inbuf = BytesMut::with_capacity(512);
+    // Given back once the handshake has emptied it: an idle connection should cost little;
+    // buffers grow with traffic.
+    let inbuf = BytesMut::with_capacity(HANDSHAKE_BUFFER);
     let core = Core::new(Instant::now().into_std(), settings(&broker.config), rand_u64());
     // The rarely-run steps are boxed so that the future every connection keeps alive stays
     // small: its size is that of its largest state. So is a working connection, and the loop
@@ -662,8 +669,9 @@ mod tests {
         // 400 bytes in a debug build today: the resting form of a connection and the wait for
         // its next work (the handshake, the working state and the loop it serves in are boxed).
         // With tokio's task header the task is 512 bytes, an allocator size class: a little
-        // more costs 640 on every idle connection. It was 936 with a `select!` of the rest's
-        // waits in an `async fn`, 1,568 when a connection kept its working form while idle.
+        // more costs 640 on every idle connection (and `HANDSHAKE_BUFFER` is chosen to be of
+        // another class). It was 936 with a `select!` of the rest's waits in an `async fn`,
+        // 1,568 when a connection kept its working form while idle.
         assert!(size <= 408, "the connection future grew to {size} bytes");
     }
 }
