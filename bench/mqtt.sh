@@ -2,7 +2,7 @@
 # Silt beside mosquitto and rumqttd: runs every silt-loadgen scenario against each broker in one
 # session and prints a Markdown table of each figure and Silt's ratio to each of the others.
 #
-#   bench/mqtt.sh                      # the full run (about 3 minutes on 2 cores, plus the build)
+#   bench/mqtt.sh                      # the full run (about 5 minutes on 2 cores, plus the build)
 #   DURATION=3 IDLE=1000 DRAIN=10000 bench/mqtt.sh   # a quick one
 #
 # Each scenario gets fresh brokers: mosquitto (Debian package; generated config: loopback
@@ -12,7 +12,12 @@
 # data directory, default config: fsync "always"), one after the other on the same cores, so a
 # memory or CPU figure never carries over from an earlier scenario. All are stopped by PID.
 #
+# The idle scenarios read each broker's RSS 2 s after the last connection and again at SETTLED
+# s, once an allocator that returns freed pages over time (Silt's jemalloc: about 10 s) has given
+# back what the burst of connections freed as it went idle.
+#
 # Settings (environment): DURATION (s, 10), PUBLISHERS (50), SUBSCRIBERS (200), IDLE (5000),
+# SETTLED (s, 15),
 # DRAIN (100000), PAYLOAD (bytes, 128), RATE (msgs/s of the paced fan-in, 10000),
 # SILT_CONFIG (a silt.toml, e.g. to try another fsync policy), MOSQUITTO_EXTRA (config lines
 # appended to mosquitto.conf), RESULTS (where to keep the JSON lines), LOADGEN_THREADS (1),
@@ -31,6 +36,7 @@ DURATION=${DURATION:-10}
 PUBLISHERS=${PUBLISHERS:-50}
 SUBSCRIBERS=${SUBSCRIBERS:-200}
 IDLE=${IDLE:-5000}
+SETTLED=${SETTLED:-15}
 DRAIN=${DRAIN:-100000}
 PAYLOAD=${PAYLOAD:-128}
 RATE=${RATE:-10000}
@@ -165,8 +171,8 @@ run() { # scenario args...: against mosquitto, then Silt, each freshly started
 
 flow=(--duration "$DURATION" --payload "$PAYLOAD")
 started=$(date +%s)
-want idle && run idle --connections "$IDLE"
-want idle-subscribe && run idle --connections "$IDLE" --subscribe
+want idle && run idle --connections "$IDLE" --settled "$SETTLED"
+want idle-subscribe && run idle --connections "$IDLE" --settled "$SETTLED" --subscribe
 want fan-in-qos0 && run fan-in --publishers "$PUBLISHERS" --qos 0 "${flow[@]}"
 want fan-in-qos1 && run fan-in --publishers "$PUBLISHERS" --qos 1 "${flow[@]}"
 if want fan-in-qos1-paced; then

@@ -4,7 +4,7 @@
 //! Connect rate counts TCP connect through CONNACK (and, with `subscribe`, through the SUBACK
 //! of a wildcard filter of the connection's own), `concurrency` handshakes at a time. RSS is
 //! read from `/proc/PID/status` before the first connection and after a settling pause with
-//! all of them open; the difference per connection is what the broker process allocates per
+//! all of them open (and optionally once more, later: see [`IdleConfig::settled`]); the difference per connection is what the broker process allocates per
 //! client (socket buffers live in the kernel and are not in RSS). Before closing,
 //! every connection must answer a PINGREQ, so a broker cannot look cheap by dropping them.
 
@@ -26,6 +26,11 @@ pub struct IdleConfig {
     pub concurrency: usize,
     /// Pause with every connection open before RSS is read.
     pub settle: Duration,
+    /// Time after the last connection opened at which RSS is read again, if later than
+    /// `settle` (zero: no second reading). A burst of connections frees its working memory
+    /// as the connections go idle, and an allocator returns freed pages over seconds (jemalloc
+    /// decays them over about 10 s): the second reading is what the idle connections keep.
+    pub settled: Duration,
     /// Each connection also subscribes to a wildcard filter of its own
     /// (`{prefix}/devices/{i}/cmd/#`), as a device fleet does on (re)connecting.
     pub subscribe: bool,
@@ -46,6 +51,8 @@ pub struct IdleReport {
     pub broker_rss_kib_before: Option<u64>,
     pub broker_rss_kib_after: Option<u64>,
     pub broker_rss_kib_per_conn: Option<f64>,
+    /// The same at `settled` (see [`IdleConfig::settled`]).
+    pub broker_rss_kib_per_conn_settled: Option<f64>,
     /// Broker CPU per connection set up, in microseconds.
     pub broker_cpu_us_per_conn: Option<f64>,
     pub loadgen_rss_kib_per_conn: Option<f64>,
@@ -83,9 +90,16 @@ pub async fn run(env: &Env, cfg: IdleConfig) -> anyhow::Result<IdleReport> {
         }
     }
     eprintln!("{}: {} connections open ({failed} failed) in {elapsed:?}", env.label, clients.len());
+    let opened = Instant::now();
     tokio::time::sleep(cfg.settle).await;
     let broker_after = env.broker.map(Sample::take);
     let own_after = Sample::take(Proc::Own);
+    let broker_settled = if cfg.settled > cfg.settle {
+        tokio::time::sleep_until((opened + cfg.settled).into()).await;
+        env.broker.map(Sample::take)
+    } else {
+        None
+    };
 
     let open = clients.len();
     let (clients, ping_ok) = ping_all(clients).await;
@@ -119,6 +133,7 @@ pub async fn run(env: &Env, cfg: IdleConfig) -> anyhow::Result<IdleReport> {
         broker_rss_kib_before: rss_before,
         broker_rss_kib_after: rss_after,
         broker_rss_kib_per_conn: per_conn(rss_before, rss_after),
+        broker_rss_kib_per_conn_settled: per_conn(rss_before, broker_settled.and_then(|s| s.rss_kib)),
         broker_cpu_us_per_conn: cpu.filter(|_| open > 0).map(|s| s * 1e6 / open as f64),
         loadgen_rss_kib_per_conn: per_conn(own_before.rss_kib, own_after.rss_kib),
     })

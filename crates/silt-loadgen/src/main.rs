@@ -324,6 +324,10 @@ struct IdleArgs {
     /// Seconds to hold every connection open before reading the broker's RSS.
     #[arg(long, default_value_t = 2.0)]
     settle: f64,
+    /// Seconds after the connections opened to read the broker's RSS again, once the
+    /// allocator has returned what the burst of connections freed (0: no second reading).
+    #[arg(long, default_value_t = 0.0)]
+    settled: f64,
     /// Each connection subscribes to a wildcard filter of its own after its CONNACK.
     #[arg(long)]
     subscribe: bool,
@@ -447,6 +451,7 @@ fn main() -> ExitCode {
                 connections: idle.connections,
                 concurrency: idle.concurrency,
                 settle: secs(idle.settle),
+                settled: secs(idle.settled),
                 subscribe: idle.subscribe,
             }),
         ),

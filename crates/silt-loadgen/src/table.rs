@@ -33,6 +33,7 @@ const IDLE: &[Figure] = &[
     ("connects/s", "/connects_per_s", 1.0, Better::Higher),
     ("connect p99 ms", "/connect_latency_us/p99", 1e-3, Better::Lower),
     ("broker RSS KiB/conn", "/broker_rss_kib_per_conn", 1.0, Better::Lower),
+    ("broker RSS KiB/conn, settled", "/broker_rss_kib_per_conn_settled", 1.0, Better::Lower),
     ("broker CPU µs/connect", "/broker_cpu_us_per_conn", 1.0, Better::Lower),
     ("failed", "/failed", 1.0, Better::Lower),
 ];

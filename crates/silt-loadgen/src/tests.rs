@@ -102,10 +102,17 @@ async fn paced_publishers_send_about_the_rate() {
 #[tokio::test]
 async fn idle_connections_all_answer_a_ping() {
     let Some(m) = mosquitto().await else { return };
-    let cfg = IdleConfig { connections: 200, concurrency: 20, settle: Duration::ZERO, subscribe: true };
+    let cfg = IdleConfig {
+        connections: 200,
+        concurrency: 20,
+        settle: Duration::ZERO,
+        settled: Duration::from_millis(200),
+        subscribe: true,
+    };
     let r = idle::run(&env(&m, ProtocolVersion::V3_1_1), cfg).await.unwrap();
     assert_eq!((r.connections, r.failed, r.ping_ok), (200, 0, 200));
     assert!(r.broker_rss_kib_after.is_some());
+    assert!(r.broker_rss_kib_per_conn_settled.is_some(), "the second reading was asked for");
 }
 
 #[tokio::test]
