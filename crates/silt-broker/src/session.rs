@@ -853,7 +853,10 @@ pub struct BacklogCursor {
 }
 
 /// Messages waiting between `cursors` and the end of their queues. Blocking: reads the index
-/// (call it on the blocking pool, holding no session's lock).
+/// for a queue whose newest entries memory does not hold (call it on the blocking pool,
+/// holding no session's lock). `$SYS` counts every session's backlog each interval: with the
+/// end from memory, an idle broker's count opens no RocksDB iterator for the queues written
+/// since it started.
 pub fn backlog(storage: &Storage, cursors: &[BacklogCursor]) -> u64 {
     cursors
         .iter()
@@ -862,7 +865,7 @@ pub fn backlog(storage: &Storage, cursors: &[BacklogCursor]) -> u64 {
                 Some(id) => id,
                 None => storage.queue_id(&c.queue).ok().flatten()?,
             };
-            let (_, next) = storage.queue_bounds(id).ok()?;
+            let next = storage.queue_end(id).ok()?;
             Some(next.get().saturating_sub(c.cursor))
         })
         .sum()

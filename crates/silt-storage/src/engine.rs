@@ -359,6 +359,17 @@ impl Storage {
         Ok((first, next))
     }
 
+    /// The offset queue `id`'s next entry will get (`queue_bounds(id).1`): from memory when it
+    /// holds the queue's newest entries, else from one index read (not the two and the
+    /// retention check `queue_bounds` makes for the first entry). Blocking when memory does
+    /// not answer.
+    pub fn queue_end(&self, id: QueueId) -> Result<Offset> {
+        if let Some(end) = self.queue_end_cached(id) {
+            return Ok(end);
+        }
+        Ok(self.index()?.last_offset(id)?.map_or(Offset(0), Offset::next))
+    }
+
     /// Up to `max` index entries of a queue from offset `from`. Entries that point below the
     /// retention floor are skipped: a reader behind retention continues at the first entry
     /// still held.

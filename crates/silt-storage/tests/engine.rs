@@ -570,6 +570,7 @@ fn a_registered_filter_is_named_in_memory_with_its_end() {
         s.wait_dispatched_blocking(a.end).unwrap();
         assert_eq!(s.queue_end_cached(id), Some(Offset(2)));
         assert_eq!(s.queue_end_cached(id), Some(s.queue_bounds(id).unwrap().1));
+        assert_eq!(s.queue_end(id).unwrap(), Offset(2));
         block_on_rt(s.add_filter(&f)).unwrap();
         assert_eq!(s.created_queue_id(&name), Some(id), "registering again keeps the queue");
         assert_eq!(s.queue_end_cached(id), Some(Offset(2)));
@@ -584,6 +585,7 @@ fn a_registered_filter_is_named_in_memory_with_its_end() {
     assert_eq!(s.queue_end_cached(id), None);
     assert_eq!(s.read_index_cached(id, Offset(0), 10), None);
     assert_eq!(s.queue_bounds(id).unwrap().1, Offset(2));
+    assert_eq!(s.queue_end(id).unwrap(), Offset(2), "the end from the index when memory has none");
     let got: Vec<Bytes> = queue(&s, &name).into_iter().map(|r| r.value).collect();
     assert_eq!(got, vec![Bytes::from("one"), Bytes::from("two")]);
 }
