@@ -4,9 +4,10 @@
 //! Connect rate counts TCP connect through CONNACK (and, with `subscribe`, through the SUBACK
 //! of a wildcard filter of the connection's own), `concurrency` handshakes at a time. RSS is
 //! read from `/proc/PID/status` before the first connection and after a settling pause with
-//! all of them open (and optionally once more, later: see [`IdleConfig::settled`]); the difference per connection is what the broker process allocates per
-//! client (socket buffers live in the kernel and are not in RSS). Before closing,
-//! every connection must answer a PINGREQ, so a broker cannot look cheap by dropping them.
+//! all of them open (and optionally once more, later: see [`IdleConfig::settled`]); the
+//! difference per connection is what the broker process allocates per client (socket buffers
+//! live in the kernel and are not in RSS). Before closing, every connection must answer a
+//! PINGREQ, so a broker cannot look cheap by dropping them.
 
 use std::time::{Duration, Instant};
 

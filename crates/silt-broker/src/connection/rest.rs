@@ -3,14 +3,13 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 
 use bytes::BytesMut;
 use silt_mqtt::server::{self, Close};
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
@@ -38,8 +37,10 @@ pub(super) struct Resting<S> {
 
 /// What ended a rest.
 enum Woken {
-    /// Bytes from the client (or its end, or an error).
-    Read(std::io::Result<BytesMut>),
+    /// Bytes from the client.
+    Read(BytesMut),
+    /// The client's end of the stream, or an error reading it.
+    Lost,
     /// Messages to pull, or a kick (a takeover, an operator's close, the server's shutdown).
     Signal,
     /// The keep alive deadline.
@@ -75,7 +76,10 @@ where
         let mut buf = [0u8; WAKING_READ];
         let mut read = ReadBuf::new(&mut buf);
         let woken = if let Poll::Ready(r) = Pin::new(&mut resting.io).poll_read(cx, &mut read) {
-            Woken::Read(r.map(|()| BytesMut::from(read.filled())))
+            match r {
+                Ok(()) if !read.filled().is_empty() => Woken::Read(BytesMut::from(read.filled())),
+                _ => Woken::Lost,
+            }
         } else if resting.wake.poll_woken(cx).is_ready() {
             Woken::Signal
         } else if let Some(Poll::Ready(())) = this.keep_alive.as_pin_mut().map(|sleep| sleep.poll(cx)) {
@@ -102,20 +106,20 @@ where
     }
 
     /// The working form, with the work that ended the rest.
-    fn wake(self, woken: Woken) -> Box<Conn<S>> {
+    fn wake(self, mut woken: Woken) -> Box<Conn<S>> {
         self.broker.stats.resting.fetch_sub(1, Ordering::Relaxed);
-        let (mut conn, woken) = match woken {
-            Woken::Read(Ok(inbuf)) => (Box::new(self.resume(inbuf)), None),
-            other => (Box::new(self.resume(BytesMut::new())), Some(other)),
+        let inbuf = match &mut woken {
+            Woken::Read(read) => std::mem::take(read),
+            _ => BytesMut::new(),
         };
+        let mut conn = Box::new(self.resume(inbuf));
         match woken {
-            None if conn.inbuf.is_empty() => conn.core.close(Close::Lost),
-            None => {
+            Woken::Read(_) => {
                 conn.broker.stats.bytes_received.fetch_add(conn.inbuf.len() as u64, Ordering::Relaxed);
             }
-            Some(Woken::Read(_)) => conn.core.close(Close::Lost),
-            Some(Woken::Signal) => conn.want_pull = true,
-            Some(Woken::Timeout) => conn.core.handle_timeout(Instant::now().into_std()),
+            Woken::Lost => conn.core.close(Close::Lost),
+            Woken::Signal => conn.want_pull = true,
+            Woken::Timeout => conn.core.handle_timeout(Instant::now().into_std()),
         }
         conn
     }
