@@ -208,8 +208,10 @@ def test_a_producer_writes_only_where_its_user_may_publish(kafka):
     c = Confluent(confluent_sasl("PLAIN", "carol"))
     assert c.produce(node.bootstrap, [("plant", 0, Rec(b"plant/line1/c", b"ok"))]) == [(0, 1)]
     raw_batch = [("plant", 0, Rec(b"plant/line1/c", b"in")), ("plant", 0, Rec(b"plant/line9/c", b"out"))]
+    # One batch whatever the load: it leaves once it holds both records (a linger of 200 ms
+    # let a starved client send the first alone, which is then rightly accepted).
     with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
-        c.produce(node.bootstrap, raw_batch, **{"linger.ms": 200, "batch.num.messages": 10})
+        c.produce(node.bootstrap, raw_batch, **{"linger.ms": 30000, "batch.num.messages": 2})
     got = Confluent(confluent_sasl("PLAIN", "alice")).consume(node.bootstrap, {("plant", 0): (0, 2)},
                                                               **{"group.id": "g-alice"})
     assert [g.value for g in got[("plant", 0)]] == [b"plant/line1/first", b"ok"]
