@@ -853,6 +853,8 @@ class SysMonitor:
     def __init__(self, node):
         self.readings = []  # (monotonic time, name, float value)
         self.cond = threading.Condition()
+        self.node = node
+        self.started = time.monotonic()
         self.client = MqttClient(node.port, f"sysmon-{node.name}-{os.getpid()}", on_message=self._on)
         self.client.subscribe(self.PREFIX + "#", qos=0)
 
@@ -889,8 +891,13 @@ class SysMonitor:
                     return current
                 if now > deadline:
                     last = [v for _, n, v in self.readings if n == name][-5:]
+                    # What else arrived tells a stalled figure from a stalled `$SYS` or delivery.
+                    seen = sorted({n for _, n, _ in self.readings})
+                    newest = f"{self.readings[-1][0] - self.started:.1f}s" if self.readings else "never"
                     raise AssertionError(f"$SYS {self.PREFIX}{name}: not as expected within {timeout:.0f}s "
-                                         f"(last readings {last})")
+                                         f"(last readings {last}; {len(self.readings)} readings of {len(seen)} "
+                                         f"figures {seen[:12]}, the newest {newest} after subscribing)\n"
+                                         f"{self.node.log_tail(40)}")
                 self.cond.wait(0.2)
 
     def close(self):
