@@ -90,6 +90,8 @@ pub struct Broker {
     dump_lock: tokio::sync::Mutex<()>,
     /// Messages decoded for one subscriber, shared with the others.
     pub(crate) decoded: crate::decoded::Decoded,
+    /// Resting connections' keep alive deadlines.
+    pub(crate) keep_alive: Arc<crate::keep_alive::KeepAlive>,
 }
 
 /// Extra `$SYS/broker/{name}` figures, produced on each statistics tick.
@@ -279,6 +281,7 @@ impl Broker {
             extra_stats: OnceLock::new(),
             dump_lock: tokio::sync::Mutex::new(()),
             decoded: Default::default(),
+            keep_alive: Default::default(),
         }))
     }
 

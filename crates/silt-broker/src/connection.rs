@@ -50,16 +50,16 @@ mod inbound;
 mod outbound;
 mod rest;
 
-use rest::idle;
+use rest::next;
 
 /// How long a client has to send CONNECT.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The read buffer a connection starts with, for its CONNECT; freed once the packets that came
-/// with it are handled. Not 512 bytes: that is the size of the task every connection keeps (see
-/// `the_connection_future_stays_small`), and a buffer freed from the same allocator size class
-/// leaves a hole beside each idle connection's task that the allocator cannot return (measured,
-/// BENCHMARKS.md: 0.38 KiB of RSS per idle connection). Freed memory of a size class no idle
-/// connection keeps goes back whole.
+/// with it are handled. Not of the size class of the task every connection keeps (384 bytes, see
+/// `the_connection_future_stays_small`; it was 512 when this was chosen): a buffer freed from
+/// that class leaves a hole beside each idle connection's task that the allocator cannot return
+/// (measured, BENCHMARKS.md: 0.38 KiB of RSS per idle connection). Freed memory of a size class
+/// no idle connection keeps goes back whole.
 const HANDSHAKE_BUFFER: usize = 1024;
 /// Most messages pulled per wake-up before the loop services the socket again.
 const PULL_BATCH: usize = 256;
@@ -133,18 +133,23 @@ where
     let inbuf = BytesMut::with_capacity(HANDSHAKE_BUFFER);
     let core = Core::new(Instant::now().into_std(), settings(&broker.config), rand_u64());
     // The rarely-run steps are boxed so that the future every connection keeps alive stays
-    // small: its size is that of its largest state. So is a working connection, and the loop
+    // small: its size is that of its largest state. So is a working connection with the loop
     // it serves in: an idle one rests in the small form of [`Resting`], and only that is
     // inline.
     let accept = Box::pin(Conn::accept(broker, stream, inbuf, core, peer, shutdown, admitted));
     async move {
-        let Some(mut conn) = accept.await else { return };
-        loop {
-            if let Served::Closed = Box::pin(conn.serve()).await {
-                break;
+        let Some(conn) = accept.await else { return };
+        // The working connection lives inside the boxed loop it serves in: one allocation per
+        // wake-up, not two. No binding here holds a `Conn` across an await (that would put
+        // its 728 bytes into every connection's task): each moves on before the next await.
+        let mut serving = next(conn).await;
+        let conn = loop {
+            let (conn, served) = serving.await;
+            if let Served::Closed = served {
+                break conn;
             }
-            conn = idle(conn).await;
-        }
+            serving = next(conn).await;
+        };
         Box::pin(conn.finish()).await;
     }
 }
@@ -184,7 +189,8 @@ struct Conn<S> {
     core: Core,
     peer: SocketAddr,
     client_id: crate::session::ClientId,
-    username: Option<String>,
+    /// Boxed, not a `String`: 8 bytes less in every resting connection's task.
+    username: Option<Box<str>>,
     session: SessionRef,
     conn_id: ConnId,
     /// New messages to pull, or a kick (a takeover, an operator's close).
@@ -225,7 +231,7 @@ where
         peer: SocketAddr,
         mut shutdown: watch::Receiver<bool>,
         admitted: Admitted,
-    ) -> Option<Box<Self>> {
+    ) -> Option<Self> {
         static REFUSED: LogLimit = LogLimit::new(log_limit::EVERY);
         let mut username = None;
         loop {
@@ -233,7 +239,7 @@ where
             while let Some(event) = core.poll_event() {
                 match event {
                     Event::Authenticate(credentials) => {
-                        username = credentials.username.clone();
+                        username = credentials.username.as_deref().map(Box::from);
                         admitted.slot.waiting();
                         let verdict = authenticate(&broker, credentials, peer).await;
                         if let Err(refusal) = verdict
@@ -282,7 +288,7 @@ where
                             core.accept(Instant::now().into_std(), connected.session_present, awaiting_release);
                             broker.route_all(connected.conn, &wake, &s);
                         }
-                        let mut conn = Box::new(Conn {
+                        let mut conn = Conn {
                             broker,
                             io,
                             inbuf,
@@ -303,7 +309,7 @@ where
                             qos2_unpersisted: Vec::new(),
                             closed: None,
                             _open: open,
-                        });
+                        };
                         drop(admitted);
                         if conn.flush().await.is_err() {
                             conn.broker.disconnect(conn.conn_id, &conn.session).await;
@@ -345,8 +351,13 @@ where
     }
 
     /// Serves the connection until it closes, or until a quiet commit interval finds it with
-    /// nothing in flight and nothing to do ([`Served::Idle`]: it may rest).
-    async fn serve(&mut self) -> Served {
+    /// nothing in flight and nothing to do ([`Served::Idle`]: it may rest); gives it back.
+    async fn serve(mut self) -> (Self, Served) {
+        let served = self.serve_until_idle().await;
+        (self, served)
+    }
+
+    async fn serve_until_idle(&mut self) -> Served {
         // Cursors are committed (and an idle connection's buffers given back) one interval
         // after activity, and once more after a quiet interval; then the timer rests until the
         // connection does something again, so an idle connection is never woken for nothing.
@@ -666,12 +677,15 @@ mod tests {
             std::mem::size_of::<F>()
         }
         let size = future_size(crate::server::serve_one);
-        // 400 bytes in a debug build today: the resting form of a connection and the wait for
-        // its next work (the handshake, the working state and the loop it serves in are boxed).
-        // With tokio's task header the task is 512 bytes, an allocator size class: a little
-        // more costs 640 on every idle connection (and `HANDSHAKE_BUFFER` is chosen to be of
-        // another class). It was 936 with a `select!` of the rest's waits in an `async fn`,
-        // 1,568 when a connection kept its working form while idle.
-        assert!(size <= 408, "the connection future grew to {size} bytes");
+        // 272 bytes in a debug build today: the resting form of a connection and the wait for
+        // its next work (the handshake is boxed, and so is the working state together with the
+        // loop it serves in; keep alive's timer is the broker's, `keep_alive`). tokio's task
+        // cell adds 104 bytes (header, scheduler, id, the stage's tag, trailer) and is aligned
+        // to 128: up to 280 bytes the task is 384, an allocator size class; a little more
+        // costs 512 on every idle connection (and `HANDSHAKE_BUFFER` is chosen to be of
+        // another class). It was 400 with a timer of its own, 936 with a `select!` of the
+        // rest's waits in an `async fn`, 1,568 when a connection kept its working form while
+        // idle.
+        assert!(size <= 280, "the connection future grew to {size} bytes");
     }
 }

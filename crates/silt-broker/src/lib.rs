@@ -25,6 +25,7 @@ pub mod broker;
 mod config;
 mod connection;
 mod decoded;
+mod keep_alive;
 pub mod listeners;
 pub mod message;
 pub mod retained;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::{Conn, Core, settings};
 use crate::broker::{Broker, ConnId, SessionRef, Signal};
 
-/// An idle connection, kept in what it must remember while it waits for its next work: 256
+/// An idle connection, kept in what it must remember while it waits for its next work: 248
 /// bytes where its working form is 728, and a wait far smaller than the loop it serves in
 /// (BENCHMARKS.md: about 0.7 KiB less per idle connection). See [`Conn::park`] and
 /// [`Resting::rest`].
@@ -27,7 +27,7 @@ pub(super) struct Resting<S> {
     core: server::Parked,
     peer: SocketAddr,
     client_id: crate::session::ClientId,
-    username: Option<String>,
+    username: Option<Box<str>>,
     session: SessionRef,
     conn_id: ConnId,
     wake: Arc<Signal>,
@@ -41,10 +41,9 @@ enum Woken {
     Read(BytesMut),
     /// The client's end of the stream, or an error reading it.
     Lost,
-    /// Messages to pull, or a kick (a takeover, an operator's close, the server's shutdown).
+    /// Messages to pull, a kick (a takeover, an operator's close, the server's shutdown), or
+    /// the keep alive deadline ([`KeepAlive`](crate::keep_alive::KeepAlive)).
     Signal,
-    /// The keep alive deadline.
-    Timeout,
 }
 
 /// How many bytes a rest reads when the client sends again: enough for the usual next packet
@@ -52,27 +51,23 @@ enum Woken {
 /// not into a buffer every resting connection would keep.
 const WAKING_READ: usize = 256;
 
-pin_project_lite::pin_project! {
-    /// A rest: what every idle connection's task holds. One poll over the three sources of
-    /// work instead of a `select!` of their futures or an `async fn` (which would keep the
-    /// resting form twice, its argument and the binding its body moves it to): a read and a
-    /// signal need no state between polls, only keep alive's timer does.
-    pub(super) struct Rest<S> {
-        resting: Option<Resting<S>>,
-        #[pin]
-        keep_alive: Option<tokio::time::Sleep>,
-    }
+/// A rest: what every idle connection's task holds. One poll over its two sources of work
+/// instead of a `select!` of their futures or an `async fn` (which would keep the resting form
+/// twice, its argument and the binding its body moves it to): a read and a signal need no
+/// state between polls. Keep alive's deadline wakes the signal too, from the broker's
+/// [`KeepAlive`](crate::keep_alive::KeepAlive), so no rest holds a timer.
+pub(super) struct Rest<S> {
+    resting: Option<Resting<S>>,
 }
 
 impl<S> Future for Rest<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    type Output = Box<Conn<S>>;
+    type Output = Conn<S>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Box<Conn<S>>> {
-        let this = self.project();
-        let resting = this.resting.as_mut().expect("invariant: a rest is not polled after it ended");
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Conn<S>> {
+        let resting = self.resting.as_mut().expect("invariant: a rest is not polled after it ended");
         let mut buf = [0u8; WAKING_READ];
         let mut read = ReadBuf::new(&mut buf);
         let woken = if let Poll::Ready(r) = Pin::new(&mut resting.io).poll_read(cx, &mut read) {
@@ -82,12 +77,10 @@ where
             }
         } else if resting.wake.poll_woken(cx).is_ready() {
             Woken::Signal
-        } else if let Some(Poll::Ready(())) = this.keep_alive.as_pin_mut().map(|sleep| sleep.poll(cx)) {
-            Woken::Timeout
         } else {
             return Poll::Pending;
         };
-        let resting = this.resting.take().expect("invariant: checked above");
+        let resting = self.resting.take().expect("invariant: checked above");
         Poll::Ready(resting.wake(woken))
     }
 }
@@ -99,27 +92,43 @@ where
     /// Waits for the connection's next work (bytes from the client, messages to pull, a kick,
     /// keep alive running out) and returns the connection in its working form with that work
     /// to do. The server's shutdown arrives as a kick ([`Broker::kick_all`]).
-    fn rest(self) -> Rest<S> {
+    pub(super) fn rest(self) -> Rest<S> {
         self.broker.stats.resting.fetch_add(1, Ordering::Relaxed);
-        let keep_alive = self.core.poll_timeout().map(|d| tokio::time::sleep_until(Instant::from_std(d)));
-        Rest { resting: Some(self), keep_alive }
+        if let Some(deadline) = self.deadline() {
+            self.broker.keep_alive.watch(deadline, self.conn_id, &self.wake);
+        }
+        Rest { resting: Some(self) }
+    }
+
+    /// The protocol's next deadline (keep alive's), unchanged while the connection rests.
+    fn deadline(&self) -> Option<Instant> {
+        self.core.poll_timeout().map(Instant::from_std)
     }
 
     /// The working form, with the work that ended the rest.
-    fn wake(self, mut woken: Woken) -> Box<Conn<S>> {
+    fn wake(self, mut woken: Woken) -> Conn<S> {
         self.broker.stats.resting.fetch_sub(1, Ordering::Relaxed);
+        let deadline = self.deadline();
+        if let Some(deadline) = deadline {
+            self.broker.keep_alive.cancel(deadline, self.conn_id);
+        }
         let inbuf = match &mut woken {
             Woken::Read(read) => std::mem::take(read),
             _ => BytesMut::new(),
         };
-        let mut conn = Box::new(self.resume(inbuf));
+        let mut conn = self.resume(inbuf);
         match woken {
             Woken::Read(_) => {
                 conn.broker.stats.bytes_received.fetch_add(conn.inbuf.len() as u64, Ordering::Relaxed);
             }
             Woken::Lost => conn.core.close(Close::Lost),
-            Woken::Signal => conn.want_pull = true,
-            Woken::Timeout => conn.core.handle_timeout(Instant::now().into_std()),
+            Woken::Signal => {
+                conn.want_pull = true;
+                let now = Instant::now();
+                if deadline.is_some_and(|d| d <= now) {
+                    conn.core.handle_timeout(now.into_std());
+                }
+            }
         }
         conn
     }
@@ -153,17 +162,22 @@ where
     }
 }
 
-/// Rests `conn` if it is at rest ([`Conn::park`]), until it has work; otherwise gives it back
-/// at once. A plain function, so that no moved-out binding of the resting form is kept beside
-/// the rest's own future (the future of `run` keeps every local that lives across an await).
-pub(super) fn idle<S>(conn: Box<Conn<S>>) -> impl Future<Output = Box<Conn<S>>> + Send
+/// The connection's next turn of work: at once if it has work ([`Conn::at_rest`] says no),
+/// else once its rest ends. The loop it serves in is boxed together with it: one allocation
+/// while working, none while resting. A plain function, so that no binding of the connection
+/// lives beside the rest's own future (the future of `run` keeps every local that lives across
+/// an await), and so that every turn's loop is one type.
+pub(super) fn next<S>(
+    conn: Conn<S>,
+) -> impl Future<Output = Pin<Box<impl Future<Output = (Conn<S>, super::Served)> + Send>>> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    use futures_util::FutureExt;
     use futures_util::future::Either;
     match conn.park() {
-        Ok(resting) => Either::Left(resting.rest()),
-        Err(working) => Either::Right(std::future::ready(working)),
+        Ok(resting) => Either::Left(resting.rest().map(|conn| Box::pin(conn.serve()))),
+        Err(working) => Either::Right(std::future::ready(Box::pin(working.serve()))),
     }
 }
 
@@ -191,7 +205,10 @@ where
 
     /// The connection in its resting form, if it is at rest ([`Conn::at_rest`]); otherwise
     /// itself back.
-    pub(super) fn park(self: Box<Self>) -> Result<Resting<S>, Box<Self>> {
+    // The connection moves by value either way: boxing it is the allocation per wake-up this
+    // form avoids.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn park(self) -> Result<Resting<S>, Self> {
         if !self.at_rest() {
             return Err(self);
         }
@@ -217,7 +234,7 @@ where
             qos2_unpersisted: _,
             closed: _,
             _open,
-        } = *self;
+        } = self;
         let Ok(core) = core.park() else { unreachable!("invariant: the core is at rest (checked above)") };
         Ok(Resting { broker, io, core, peer, client_id, username, session, conn_id, wake, shutdown, _open })
     }
