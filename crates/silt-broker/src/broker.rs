@@ -92,6 +92,7 @@ pub struct Broker {
     pub(crate) decoded: crate::decoded::Decoded,
     /// Resting connections' keep alive deadlines.
     pub(crate) keep_alive: Arc<crate::keep_alive::KeepAlive>,
+    retained_in_flight: Arc<RetainedInFlight>,
 }
 
 /// Extra `$SYS/broker/{name}` figures, produced on each statistics tick.
@@ -264,7 +265,8 @@ impl Broker {
             "broker state recovered"
         );
         let retained = Arc::new(RwLock::new(retained));
-        appender.set_retained(Arc::new(RetainedHandle(retained.clone())));
+        let retained_in_flight = Arc::new(RetainedInFlight::default());
+        appender.set_retained(Arc::new(RetainedHandle(retained.clone(), retained_in_flight.clone())));
         Ok(Arc::new(Broker {
             storage,
             config: Arc::new(config),
@@ -282,6 +284,7 @@ impl Broker {
             dump_lock: tokio::sync::Mutex::new(()),
             decoded: Default::default(),
             keep_alive: Default::default(),
+            retained_in_flight,
         }))
     }
 
@@ -924,8 +927,10 @@ impl Broker {
         }
     }
 
-    /// Retained messages matching `filter`, oldest first.
-    pub fn retained_for(&self, filter: &TopicFilter) -> Vec<Message> {
+    /// Retained messages matching `filter`, oldest first, once every retained message handed to
+    /// the log before the call is in the index (see [`RetainedInFlight`]).
+    pub async fn retained_for(&self, filter: &TopicFilter) -> Vec<Message> {
+        self.retained_in_flight.settled().await;
         let entries = self.retained.read().expect("invariant: lock not poisoned").matching(filter);
         entries
             .into_iter()
@@ -982,7 +987,7 @@ pub use stats::Stats;
 mod tests;
 
 /// The broker's retained store as the append path sees it.
-struct RetainedHandle(Arc<RwLock<RetainedStore>>);
+struct RetainedHandle(Arc<RwLock<RetainedStore>>, Arc<RetainedInFlight>);
 
 impl RetainedIndex for RetainedHandle {
     fn pointer(&self, message: &Record, now: Timestamp) -> Record {
@@ -991,5 +996,59 @@ impl RetainedIndex for RetainedHandle {
 
     fn set(&self, topic: &str, entry: Option<IndexEntry>) {
         self.0.write().expect("invariant: lock not poisoned").set(topic, entry);
+    }
+
+    fn begin(&self) -> u64 {
+        let mut s = self.1.state.lock().expect("invariant: lock not poisoned");
+        s.0 += 1;
+        let ticket = s.0;
+        s.1.insert(ticket);
+        ticket
+    }
+
+    fn end(&self, ticket: u64) {
+        self.1.state.lock().expect("invariant: lock not poisoned").1.remove(&ticket);
+        self.1.ended.notify_waiters();
+    }
+}
+
+/// Batches with retained messages handed to the log whose messages are not in the retained
+/// index yet: it is set when a batch is acknowledged, by the task that submitted it, so a
+/// message can be in the log (and past the point a new subscription's queue starts at) a
+/// while before the index names it. A new subscription's lookup waits for the batches begun
+/// before it ([`Broker::retained_for`]); without that, a retained message published as the
+/// subscription was made reached it neither live nor retained.
+#[derive(Default)]
+struct RetainedInFlight {
+    /// The last ticket given, and the tickets not ended.
+    state: Mutex<(u64, std::collections::BTreeSet<u64>)>,
+    ended: tokio::sync::Notify,
+}
+
+/// How long a retained lookup waits for batches in flight (an fsync that stalls on a bad disk
+/// must not hold every new subscription's retained messages back for longer).
+const RETAINED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl RetainedInFlight {
+    /// Waits until every batch begun by now has ended (at most [`RETAINED_WAIT`]).
+    async fn settled(&self) {
+        let wait = async {
+            let target = self.state.lock().expect("invariant: lock not poisoned").0;
+            loop {
+                let ended = self.ended.notified();
+                let mut ended = std::pin::pin!(ended);
+                ended.as_mut().enable();
+                let oldest = self.state.lock().expect("invariant: lock not poisoned").1.first().copied();
+                if oldest.is_none_or(|t| t > target) {
+                    return;
+                }
+                ended.await;
+            }
+        };
+        if tokio::time::timeout(RETAINED_WAIT, wait).await.is_err() {
+            tracing::warn!(
+                "retained messages published before a subscription were not acknowledged within 5 s; looked up without them"
+            );
+        }
     }
 }

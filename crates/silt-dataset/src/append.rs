@@ -55,6 +55,21 @@ pub trait RetainedIndex: Send + Sync + 'static {
     fn pointer(&self, message: &Record, now: Timestamp) -> Record;
     /// Points `topic` at `entry` (`None`: clears it).
     fn set(&self, topic: &str, entry: Option<IndexEntry>);
+    /// A batch with retained messages is about to be handed to the log; their [`Self::set`]s
+    /// follow its acknowledgement, then [`Self::end`] with what this returned (also when the
+    /// append fails or its acknowledgement is dropped). A new subscription's lookup can wait
+    /// for every batch begun before it, whose messages it may not get live.
+    fn begin(&self) -> u64;
+    fn end(&self, ticket: u64);
+}
+
+/// Ends a [`RetainedIndex::begin`] when dropped: after the batch's `set`s, or when it failed.
+struct RetainedTicket(Arc<dyn RetainedIndex>, u64);
+
+impl Drop for RetainedTicket {
+    fn drop(&mut self) {
+        self.0.end(self.1);
+    }
 }
 
 /// The partitions a new stream gets (the policy's `partitions`).
@@ -247,6 +262,7 @@ impl Appender {
                 None => batch.push(r),
             }
         }
+        let ticket = retained.filter(|_| !pointers.is_empty()).map(|r| RetainedTicket(r.clone(), r.begin()));
         let ack = self.storage.submit(&batch).await?;
         let timestamps: Vec<Timestamp> = pointers.iter().map(|(_, i, _, _)| batch[*i].timestamp).collect();
         let streams = self.streams.clone();
@@ -263,6 +279,7 @@ impl Appender {
                     index.set(&topic, entry);
                 }
             }
+            drop(ticket);
             if let Some(gate) = gate {
                 gate.wait(appended.end).await?;
             }

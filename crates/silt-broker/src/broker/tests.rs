@@ -106,6 +106,42 @@ async fn a_connect_during_an_admin_delete_keeps_its_new_session() {
     assert_eq!(broker.session_views(Some("c1")).await.len(), 1, "the new session survives a restart");
 }
 
+/// A retained message handed to the log before a subscription's lookup is found by it even
+/// when its publisher has not yet seen the acknowledgement (which is when the index learns of
+/// it): by then the message may be past where the new subscription's queue starts, so the
+/// lookup is its only way to the subscriber.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_waits_for_retained_messages_already_in_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, router) = open(dir.path());
+    let appender = Arc::new(silt_dataset::Appender::open(storage, Box::new(|_| 1)).unwrap());
+    let broker = Broker::new(appender, router, MqttConfig::default(), Auth::open()).unwrap();
+    let m = Message {
+        topic: "status/door".into(),
+        payload: Bytes::from_static(b"open"),
+        retain: true,
+        timestamp: Timestamp::now(),
+        ..Message::default()
+    };
+    let ack = broker.submit(&m).await.unwrap();
+    // The publisher looks at its acknowledgement only later (a busy or descheduled task).
+    let publisher = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        ack.await.unwrap();
+    });
+    let found = broker.retained_for(&TopicFilter::new("status/#").unwrap()).await;
+    assert_eq!(found.iter().map(|m| &m.payload[..]).collect::<Vec<_>>(), [&b"open"[..]]);
+    publisher.await.unwrap();
+
+    // An append that is dropped unacknowledged does not hold later lookups back.
+    let dropped = broker.submit(&Message { payload: Bytes::from_static(b"shut"), ..m.clone() }).await.unwrap();
+    drop(dropped);
+    let started = std::time::Instant::now();
+    let found = broker.retained_for(&TopicFilter::new("status/#").unwrap()).await;
+    assert_eq!(found.len(), 1);
+    assert!(started.elapsed() < RETAINED_WAIT, "a dropped acknowledgement held the lookup until the timeout");
+}
+
 /// A retained topic being republished stays retained for a subscriber that looks it up at the
 /// same moment: the lookup finds the old or the new message, never neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,7 +172,7 @@ async fn a_retained_topic_being_replaced_is_never_missing_from_a_lookup() {
     let mut lookups = 0u32;
     let mut last = 0u32;
     while !done.load(Ordering::Relaxed) {
-        let found = broker.retained_for(&filter);
+        let found = broker.retained_for(&filter).await;
         assert_eq!(found.len(), 1, "lookup {lookups}: the topic is retained throughout");
         let value: u32 = std::str::from_utf8(&found[0].payload).unwrap().parse().unwrap();
         assert!(value >= last, "a lookup never goes back to an older message");

@@ -56,7 +56,7 @@ where
                 Event::Subscribe(request) => Box::pin(self.subscribe(request)).await,
                 Event::Unsubscribe(request) => Box::pin(self.unsubscribe(request)).await,
                 Event::Retained { filter, qos, subscription_id } => {
-                    for m in self.broker.retained_for(&filter) {
+                    for m in self.broker.retained_for(&filter).await {
                         self.retained_queue.push_back((m, qos, subscription_id));
                     }
                 }
