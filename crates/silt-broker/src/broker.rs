@@ -932,9 +932,28 @@ impl Broker {
     pub async fn retained_for(&self, filter: &TopicFilter) -> Vec<Message> {
         self.retained_in_flight.settled().await;
         let entries = self.retained.read().expect("invariant: lock not poisoned").matching(filter);
-        entries
+        // From the tail cache when it holds them; otherwise the reads (segment files, the
+        // object store) go to the blocking pool, off the connection's runtime thread.
+        let cached: Vec<Option<silt_storage::Result<Record>>> =
+            entries.iter().map(|e| self.storage.read_record_cached(e)).collect();
+        let records: Vec<silt_storage::Result<Record>> = if cached.iter().all(Option::is_some) {
+            cached.into_iter().flatten().collect()
+        } else {
+            let storage = self.storage.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                entries.iter().zip(cached).map(|(e, c)| c.unwrap_or_else(|| storage.read_record(e))).collect()
+            });
+            match read.await {
+                Ok(records) => records,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading retained messages failed");
+                    return Vec::new();
+                }
+            }
+        };
+        records
             .into_iter()
-            .filter_map(|e| match self.storage.read_record(&e) {
+            .filter_map(|r| match r {
                 Ok(r) => {
                     // A copied-forward message carries its topic only in the key.
                     let key = r.key.clone().filter(|_| r.topic.is_empty());
