@@ -15,14 +15,14 @@ use tokio::sync::Notify;
 
 use crate::config::MqttConfig;
 use crate::message::Message;
-use crate::retained::{RETAINED_COPY_STREAM, RETAINED_STREAM, RetainedStore};
+use crate::retained::{RETAINED_COPY_STREAM, RETAINED_STREAM, RetainedHandle, RetainedInFlight, RetainedStore};
 pub use crate::router::{ConnId, Kick, Router, Signal};
 use crate::session::{
     ClientId, SESSIONS_STREAM, SessionOwner, SessionSnapshot, SharedMembership, Subscription, SubscriptionState,
     Subscriptions, parse_shared, queue_for,
 };
 pub use crate::session::{GroupRef, Session, SessionRef, SharedGroup};
-use silt_dataset::{AckFuture, Appender, Assign, RetainedIndex, TopicTiers, internal};
+use silt_dataset::{AckFuture, Appender, Assign, TopicTiers, internal};
 
 /// A held per-filter lock ([`Broker::lock_filter`]).
 struct FilterLock<'a> {
@@ -1004,70 +1004,3 @@ pub use stats::Stats;
 
 #[cfg(test)]
 mod tests;
-
-/// The broker's retained store as the append path sees it.
-struct RetainedHandle(Arc<RwLock<RetainedStore>>, Arc<RetainedInFlight>);
-
-impl RetainedIndex for RetainedHandle {
-    fn pointer(&self, message: &Record, now: Timestamp) -> Record {
-        RetainedStore::pointer(message, now)
-    }
-
-    fn set(&self, topic: &str, entry: Option<IndexEntry>) {
-        self.0.write().expect("invariant: lock not poisoned").set(topic, entry);
-    }
-
-    fn begin(&self) -> u64 {
-        let mut s = self.1.state.lock().expect("invariant: lock not poisoned");
-        s.0 += 1;
-        let ticket = s.0;
-        s.1.insert(ticket);
-        ticket
-    }
-
-    fn end(&self, ticket: u64) {
-        self.1.state.lock().expect("invariant: lock not poisoned").1.remove(&ticket);
-        self.1.ended.notify_waiters();
-    }
-}
-
-/// Batches with retained messages handed to the log whose messages are not in the retained
-/// index yet: it is set when a batch is acknowledged, by the task that submitted it, so a
-/// message can be in the log (and past the point a new subscription's queue starts at) a
-/// while before the index names it. A new subscription's lookup waits for the batches begun
-/// before it ([`Broker::retained_for`]); without that, a retained message published as the
-/// subscription was made reached it neither live nor retained.
-#[derive(Default)]
-struct RetainedInFlight {
-    /// The last ticket given, and the tickets not ended.
-    state: Mutex<(u64, std::collections::BTreeSet<u64>)>,
-    ended: tokio::sync::Notify,
-}
-
-/// How long a retained lookup waits for batches in flight (an fsync that stalls on a bad disk
-/// must not hold every new subscription's retained messages back for longer).
-const RETAINED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-impl RetainedInFlight {
-    /// Waits until every batch begun by now has ended (at most [`RETAINED_WAIT`]).
-    async fn settled(&self) {
-        let wait = async {
-            let target = self.state.lock().expect("invariant: lock not poisoned").0;
-            loop {
-                let ended = self.ended.notified();
-                let mut ended = std::pin::pin!(ended);
-                ended.as_mut().enable();
-                let oldest = self.state.lock().expect("invariant: lock not poisoned").1.first().copied();
-                if oldest.is_none_or(|t| t > target) {
-                    return;
-                }
-                ended.await;
-            }
-        };
-        if tokio::time::timeout(RETAINED_WAIT, wait).await.is_err() {
-            tracing::warn!(
-                "retained messages published before a subscription were not acknowledged within 5 s; looked up without them"
-            );
-        }
-    }
-}

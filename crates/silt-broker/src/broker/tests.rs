@@ -15,6 +15,13 @@ fn open(dir: &std::path::Path) -> (Arc<Storage>, Arc<Router>) {
     (storage, router)
 }
 
+/// A broker on the storage in `dir`, with the default settings.
+fn start(dir: &std::path::Path) -> Arc<Broker> {
+    let (storage, router) = open(dir);
+    let appender = Arc::new(silt_dataset::Appender::open(storage, Box::new(|_| 1)).unwrap());
+    Broker::new(appender, router, MqttConfig::default(), Auth::open()).unwrap()
+}
+
 #[test]
 fn start_up_compacts_long_state_replays_to_the_live_state() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,11 +68,6 @@ fn start_up_compacts_long_state_replays_to_the_live_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_during_an_admin_delete_keeps_its_new_session() {
     let dir = tempfile::tempdir().unwrap();
-    let start = |dir: &std::path::Path| {
-        let (storage, router) = open(dir);
-        let appender = Arc::new(silt_dataset::Appender::open(storage, Box::new(|_| 1)).unwrap());
-        Broker::new(appender, router, MqttConfig::default(), Auth::open()).unwrap()
-    };
     let broker = start(dir.path());
     let old = broker.connect("c1", None, true, 3600).await.unwrap();
     broker.persist(&old.session).await.unwrap();
@@ -113,9 +115,7 @@ async fn a_connect_during_an_admin_delete_keeps_its_new_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_waits_for_retained_messages_already_in_the_log() {
     let dir = tempfile::tempdir().unwrap();
-    let (storage, router) = open(dir.path());
-    let appender = Arc::new(silt_dataset::Appender::open(storage, Box::new(|_| 1)).unwrap());
-    let broker = Broker::new(appender, router, MqttConfig::default(), Auth::open()).unwrap();
+    let broker = start(dir.path());
     let m = Message {
         topic: "status/door".into(),
         payload: Bytes::from_static(b"open"),
@@ -139,7 +139,10 @@ async fn a_lookup_waits_for_retained_messages_already_in_the_log() {
     let started = std::time::Instant::now();
     let found = broker.retained_for(&TopicFilter::new("status/#").unwrap()).await;
     assert_eq!(found.len(), 1);
-    assert!(started.elapsed() < RETAINED_WAIT, "a dropped acknowledgement held the lookup until the timeout");
+    assert!(
+        started.elapsed() < crate::retained::RETAINED_WAIT,
+        "a dropped acknowledgement held the lookup until the timeout"
+    );
 }
 
 /// A retained topic being republished stays retained for a subscriber that looks it up at the
@@ -147,9 +150,7 @@ async fn a_lookup_waits_for_retained_messages_already_in_the_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retained_topic_being_replaced_is_never_missing_from_a_lookup() {
     let dir = tempfile::tempdir().unwrap();
-    let (storage, router) = open(dir.path());
-    let appender = Arc::new(silt_dataset::Appender::open(storage, Box::new(|_| 1)).unwrap());
-    let broker = Broker::new(appender, router, MqttConfig::default(), Auth::open()).unwrap();
+    let broker = start(dir.path());
     let message = |i: u32| Message {
         topic: "status/door".into(),
         payload: Bytes::from(i.to_string()),
