@@ -466,7 +466,7 @@ impl Broker {
                     subscription_id: None,
                     cursor: end.get(),
                     sent: end.get(),
-                    settled: Vec::new(),
+                    settled: Box::default(),
                 };
                 let mut subs = Subscriptions::default();
                 subs.subs.insert(filter.as_str().into(), Box::new(Subscription::new(state)));

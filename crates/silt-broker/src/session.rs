@@ -73,8 +73,10 @@ pub struct SubscriptionState {
     #[serde(default)]
     pub sent: u64,
     /// Offsets above the cursor already done, as half-open ranges `[start, end)` in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub settled: Vec<(u64, u64)>,
+    /// Empty in a live [`Subscription`] (its `done` set holds them), so a boxed slice: 8 bytes
+    /// less than a `Vec` keeps a subscription in the 224-byte size class, not the 256 one.
+    #[serde(default, skip_serializing_if = "<[_]>::is_empty")]
+    pub settled: Box<[(u64, u64)]>,
 }
 
 /// A persistent session as stored in `__silt_sessions`.
@@ -262,7 +264,7 @@ impl Subscription {
     pub fn new(mut state: SubscriptionState) -> Self {
         let read = Offset(state.cursor);
         let mut done = OffsetSet::default();
-        for (start, end) in std::mem::take(&mut state.settled) {
+        for (start, end) in std::mem::take(&mut state.settled).into_vec() {
             done.insert_range(start.max(state.cursor + 1), end);
         }
         Self {

@@ -210,7 +210,7 @@ where
                             subscription_id: sub_id,
                             cursor: 0,
                             sent: 0,
-                            settled: Vec::new(),
+                            settled: Box::default(),
                         };
                         self.broker
                             .subscribe(self.conn_id, &self.wake, &mut session, &filter, state)
