@@ -335,8 +335,14 @@ impl Dispatcher {
         for key in dropped {
             self.cache.pop(&key);
         }
+        // The cache is for queues being written. A queue still empty (a filter queue just
+        // registered, nothing matched yet) stays out: with a persistent wildcard per device,
+        // caching each would hold an entry and a key (about 140 bytes) per subscription until
+        // evicted, to save two index reads on the first message the filter ever matches.
         for (k, s) in touched {
-            self.cache.put(k, s);
+            if s.next > Offset(0) {
+                self.cache.put(k, s);
+            }
         }
         self.cursor = cursor;
         self.progress.send_replace(cursor);
