@@ -197,7 +197,7 @@ impl Broker {
                 match state.groups.get(&m.key) {
                     Some(g) => {
                         g.try_lock().expect("invariant: no other user at start-up").members += 1;
-                        s.shared.insert(m.key.clone(), m);
+                        s.shared.modify(|sh| sh.insert(m.key.clone(), m));
                     }
                     None => tracing::warn!(key = %m.key, "membership of an unknown shared group dropped"),
                 }
@@ -481,7 +481,7 @@ impl Broker {
                 st.groups.entry(key.to_owned()).or_insert(g).clone()
             }
         };
-        let joined = session.shared.insert(key.to_owned(), membership).is_none();
+        let joined = session.shared.modify(|sh| sh.insert(key.to_owned(), membership)).is_none();
         if joined {
             group.lock().await.members += 1;
         }
@@ -496,7 +496,7 @@ impl Broker {
 
     /// Leaves a shared group; the last member to leave ends the group.
     pub async fn unsubscribe_shared(&self, conn: ConnId, session: &mut Session, key: &str) -> bool {
-        if session.shared.remove(key).is_none() {
+        if session.shared.modify(|sh| sh.remove(key)).is_none() {
             return false;
         }
         if let Some((_, f)) = parse_shared(key) {
@@ -624,7 +624,7 @@ impl Broker {
         let (client_id, filters, persistent, shared, held) = {
             let mut g = session.lock().await;
             let filters: Vec<String> = std::mem::take(&mut g.subs.subs).into_keys().map(|f| f.to_string()).collect();
-            let shared: Vec<String> = std::mem::take(&mut g.shared).into_keys().collect();
+            let shared: Vec<String> = g.shared.take().into_keys().collect();
             let mut held: Vec<_> = g.outbound_qos2.take().into_iter().filter(|o| o.group.is_some()).collect();
             held.sort_unstable_by_key(|o| o.packet_id);
             (g.client_id.clone(), filters, g.persistent(), shared, held)

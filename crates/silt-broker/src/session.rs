@@ -38,8 +38,10 @@ use smallvec::SmallVec;
 use crate::message::Message;
 
 mod pending;
+mod sparse;
 mod submap;
 use pending::Pending;
+pub use sparse::Sparse;
 pub use submap::SubMap;
 
 /// Internal stream of session snapshots.
@@ -740,14 +742,14 @@ pub struct Session {
     pub expiry_secs: u32,
     pub subs: Subscriptions,
     /// Inbound QoS 2 packet ids awaiting PUBREL.
-    pub inbound_qos2: BTreeSet<u16>,
+    pub inbound_qos2: Sparse<BTreeSet<u16>>,
     pub disconnected_at: Option<Timestamp>,
     /// Cursors moved since the last snapshot.
     pub dirty: bool,
     /// Outbound QoS 1/2 deliveries not yet completed (see [`OutboundInFlight`]).
     pub outbound_qos2: OutboundInFlight,
     /// Shared-subscription memberships by `$share/{group}/{filter}`.
-    pub shared: std::collections::BTreeMap<String, SharedMembership>,
+    pub shared: Sparse<BTreeMap<String, SharedMembership>>,
     /// Who the session belongs to; `None` only for a session restored from a snapshot that
     /// predates owners.
     pub owner: Option<SessionOwner>,
@@ -794,11 +796,11 @@ impl Session {
             conn: None,
             expiry_secs,
             subs: Subscriptions::default(),
-            inbound_qos2: BTreeSet::new(),
+            inbound_qos2: Sparse::default(),
             disconnected_at: None,
             dirty: false,
             outbound_qos2: OutboundInFlight::default(),
-            shared: std::collections::BTreeMap::new(),
+            shared: Sparse::default(),
             owner: None,
         }
     }

@@ -46,10 +46,10 @@ where
             match event {
                 Event::Publish { token, publish } => self.store(token, publish).await,
                 Event::Qos2Received(id) => {
-                    self.session.lock().await.inbound_qos2.insert(id.get());
+                    self.session.lock().await.inbound_qos2.modify(|ids| ids.insert(id.get()));
                 }
                 Event::Qos2Released(id) => {
-                    self.session.lock().await.inbound_qos2.remove(&id.get());
+                    self.session.lock().await.inbound_qos2.modify(|ids| ids.remove(&id.get()));
                 }
                 // Boxed: rare and deep (filter registration, a durable snapshot), they would
                 // otherwise set the size of every connection's future.

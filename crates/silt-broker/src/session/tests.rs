@@ -416,3 +416,11 @@ fn a_subscription_fits_its_size_class() {
     let size = std::mem::size_of::<Subscription>();
     assert!(size <= 224, "a subscription grew to {size} bytes");
 }
+
+/// Every connection holds its session in one allocation with its lock and count: 224 bytes
+/// is a jemalloc size class, and one byte more costs 256 on every connection.
+#[test]
+fn a_session_with_its_lock_fits_its_size_class() {
+    let size = std::mem::size_of::<tokio::sync::Mutex<Session>>() + 2 * std::mem::size_of::<usize>();
+    assert!(size <= 224, "a session with its lock and count grew to {size} bytes");
+}
