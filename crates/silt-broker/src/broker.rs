@@ -178,10 +178,10 @@ impl Broker {
             }
             let mut subs = Subscriptions::default();
             for st in snap.subscriptions {
-                if TopicFilter::new(st.filter.clone()).is_err() {
+                if TopicFilter::new(&*st.filter).is_err() {
                     continue;
                 }
-                subs.subs.insert(st.filter.as_str().into(), Box::new(Subscription::new(st)));
+                subs.subs.insert(st.filter.clone(), Box::new(Subscription::new(st)));
             }
             if let Some((_, f)) = parse_shared(&key) {
                 *state.filter_refs.entry(f.as_str().into()).or_default() += 1;
@@ -215,10 +215,10 @@ impl Broker {
             // A session that was connected when the broker stopped is offline from now on.
             s.disconnected_at = Some(snap.disconnected_at.map_or(now, Timestamp));
             for st in snap.subscriptions.into_iter().filter(|st| !too_deep(&st.filter)) {
-                if TopicFilter::new(st.filter.clone()).is_err() {
+                if TopicFilter::new(&*st.filter).is_err() {
                     continue;
                 }
-                let key: Arc<str> = st.filter.as_str().into();
+                let key = st.filter.clone();
                 *state.filter_refs.entry(key.clone()).or_default() += 1;
                 s.subs.subs.insert(key, Box::new(Subscription::new(st)));
             }
@@ -459,7 +459,7 @@ impl Broker {
             None => {
                 let end = self.subscribe_queue(&filter).await?;
                 let state = SubscriptionState {
-                    filter: filter.as_str().to_owned(),
+                    filter: filter.as_str().into(),
                     qos: 2,
                     no_local: false,
                     retain_as_published: false,
@@ -559,6 +559,7 @@ impl Broker {
             // Replacing keeps the cursor: no message is lost or repeated.
             state.cursor = existing.state.cursor;
             state.sent = existing.state.sent;
+            state.filter = existing.state.filter.clone();
             existing.state = state;
         } else {
             // Taking a reference and registering happen under the filter's lock, so a concurrent
@@ -566,7 +567,7 @@ impl Broker {
             let _lock = self.lock_filter(filter).await;
             let end = self.subscribe_queue(filter).await?;
             // Counted only once registration succeeded, so a failed SUBSCRIBE leaks no reference.
-            let key: Arc<str> = filter.as_str().into();
+            let key = state.filter.clone();
             *self.state().filter_refs.entry(key.clone()).or_default() += 1;
             state.cursor = end.get();
             state.sent = end.get();

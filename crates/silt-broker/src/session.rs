@@ -61,7 +61,10 @@ pub type Settles = SmallVec<[(Arc<str>, Offset); 1]>;
 /// A subscription as persisted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubscriptionState {
-    pub filter: String,
+    /// Shared with the subscription's key in its session (and the broker's count of
+    /// subscriptions per filter): one copy of the filter per subscription.
+    #[serde(with = "arc_str_serde")]
+    pub filter: Arc<str>,
     pub qos: u8,
     #[serde(default)]
     pub no_local: bool,
@@ -172,6 +175,21 @@ fn qos_two() -> u8 {
 impl OutboundQos2 {
     pub fn entry(&self) -> IndexEntry {
         IndexEntry { position: LogPosition(self.position), size: self.size, timestamp: Timestamp(self.timestamp) }
+    }
+}
+
+/// An `Arc<str>` as a plain string (serde's own needs its `rc` feature, which would rebuild
+/// every crate that uses serde).
+mod arc_str_serde {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+        String::deserialize(d).map(Arc::from)
     }
 }
 

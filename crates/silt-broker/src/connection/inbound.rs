@@ -203,7 +203,7 @@ where
                     SubscriptionFilter::Plain(filter) => {
                         let existed = session.subs.subs.contains_key(filter.as_str());
                         let state = SubscriptionState {
-                            filter: filter.as_str().to_owned(),
+                            filter: filter.as_str().into(),
                             qos: o.qos.as_u8(),
                             no_local: o.no_local,
                             retain_as_published: o.retain_as_published,
