@@ -260,11 +260,15 @@ impl Verifier {
             &mut argon2::password_hash::rand_core::OsRng,
             &mut cache_key,
         );
+        // Built unbounded and resized: `LruCache::new` would allocate the table for all
+        // `MAX_CACHED` entries at once, and its pages become resident as entries hash into them.
+        let mut cache = lru::LruCache::unbounded();
+        cache.resize(NonZeroUsize::new(MAX_CACHED).expect("invariant: not zero"));
         let shared = Arc::new(Shared {
             sched: Mutex::new(Sched::default()),
             ready: Condvar::new(),
             limits,
-            cache: Mutex::new(lru::LruCache::new(NonZeroUsize::new(MAX_CACHED).expect("invariant: not zero"))),
+            cache: Mutex::new(cache),
             cache_key,
             runs: AtomicU64::new(0),
         });
