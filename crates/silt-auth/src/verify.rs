@@ -260,10 +260,7 @@ impl Verifier {
             &mut argon2::password_hash::rand_core::OsRng,
             &mut cache_key,
         );
-        // Built unbounded and resized: `LruCache::new` would allocate the table for all
-        // `MAX_CACHED` entries at once, and its pages become resident as entries hash into them.
-        let mut cache = lru::LruCache::unbounded();
-        cache.resize(NonZeroUsize::new(MAX_CACHED).expect("invariant: not zero"));
+        let cache = silt_types::lru::growing(NonZeroUsize::new(MAX_CACHED).expect("invariant: not zero"));
         let shared = Arc::new(Shared {
             sched: Mutex::new(Sched::default()),
             ready: Condvar::new(),

@@ -86,11 +86,7 @@ pub fn last_seq(first: i32, count: usize) -> i32 {
 
 impl ProducerStates {
     pub fn new(max_entries: usize) -> Self {
-        // Built unbounded and resized: `LruCache::new` would allocate the table for every
-        // entry at once, and its pages become resident as entries hash into them.
-        let mut map = lru::LruCache::unbounded();
-        map.resize(NonZeroUsize::new(max_entries.max(1)).expect("invariant: at least 1"));
-        Self { map }
+        Self { map: silt_types::lru::growing(NonZeroUsize::new(max_entries.max(1)).expect("invariant: at least 1")) }
     }
 
     /// Decides about a batch of `count` records from producer `pid`/`epoch` whose first

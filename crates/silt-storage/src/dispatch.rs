@@ -147,7 +147,7 @@ impl Dispatcher {
     ) -> Result<Self> {
         let filters = Arc::new(RwLock::new(load_filters(&index)?));
         let next_queue_id = index.next_queue_id()?;
-        let cache = crate::recent::growing_lru(NonZeroUsize::new(cache_entries).expect("invariant: validated > 0"));
+        let cache = silt_types::lru::growing(NonZeroUsize::new(cache_entries).expect("invariant: validated > 0"));
         Ok(Self {
             log,
             index,

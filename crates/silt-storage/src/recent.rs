@@ -67,22 +67,12 @@ pub(crate) struct RecentEntries {
     forgotten: AtomicU64,
 }
 
-/// An LRU cache of at most `cap` entries whose table grows with what it holds.
-/// `LruCache::new` allocates the table for all `cap` entries at once; its pages are touched
-/// as entries hash into them, so a few thousand entries made nearly all of it resident (a
-/// table for 100,000 queue states: 2 MB for the first 5,000 subscriptions' filter queues).
-pub(crate) fn growing_lru<K: std::hash::Hash + Eq, V>(cap: NonZeroUsize) -> LruCache<K, V> {
-    let mut c = LruCache::unbounded();
-    c.resize(cap);
-    c
-}
-
 impl Default for RecentEntries {
     fn default() -> Self {
         let queues = NonZeroUsize::new(MAX_QUEUES).expect("invariant: a positive constant");
         Self {
-            inner: Mutex::new(Inner { runs: growing_lru(queues), entries: 0 }),
-            created: Mutex::new(growing_lru(queues)),
+            inner: Mutex::new(Inner { runs: silt_types::lru::growing(queues), entries: 0 }),
+            created: Mutex::new(silt_types::lru::growing(queues)),
             created_forgotten: AtomicU64::new(0),
             forgotten: AtomicU64::new(0),
         }
@@ -252,18 +242,6 @@ mod tests {
 
     fn e(p: u64) -> IndexEntry {
         IndexEntry { position: LogPosition(p), size: 1, timestamp: Timestamp(0) }
-    }
-
-    #[test]
-    fn a_growing_lru_keeps_its_bound_and_evicts_the_least_recent() {
-        let mut c = growing_lru::<u32, u32>(NonZeroUsize::new(3).unwrap());
-        for i in 0..3 {
-            assert!(c.push(i, i).is_none());
-        }
-        c.get(&0);
-        assert_eq!(c.push(3, 3), Some((1, 1)), "the least recently used goes");
-        assert_eq!(c.len(), 3);
-        assert_eq!(c.cap().get(), 3);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`trie`]: `TopicTrie`, which finds every filter matching a topic without scanning them all.
 //! - [`log_limit`]: one log line per interval for what a peer can repeat at will.
 //! - [`latency`]: lock-free latency histograms for `/metrics`.
+//! - [`lru`]: bounded LRU caches whose tables grow with what they hold.
 //!
 //! This crate has no I/O and no runtime dependency; everything in it but [`log_limit`] (which
 //! reads the monotonic clock) is deterministic.
@@ -13,6 +14,7 @@
 pub mod ids;
 pub mod latency;
 pub mod log_limit;
+pub mod lru;
 pub mod topic;
 pub mod trie;
 
