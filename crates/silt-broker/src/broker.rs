@@ -469,7 +469,7 @@ impl Broker {
                     settled: Box::default(),
                 };
                 let mut subs = Subscriptions::default();
-                subs.subs.insert(filter.as_str().into(), Box::new(Subscription::new(state)));
+                subs.subs.insert(state.filter.clone(), Box::new(Subscription::new(state)));
                 let g = Arc::new(tokio::sync::Mutex::new(SharedGroup {
                     key: key.to_owned(),
                     subs,
@@ -933,44 +933,7 @@ impl Broker {
     pub async fn retained_for(&self, filter: &TopicFilter) -> Vec<Message> {
         self.retained_in_flight.settled().await;
         let entries = self.retained.read().expect("invariant: lock not poisoned").matching(filter);
-        // From the tail cache when it holds them; otherwise the reads (segment files, the
-        // object store) go to the blocking pool, off the connection's runtime thread.
-        let cached: Vec<Option<silt_storage::Result<Record>>> =
-            entries.iter().map(|e| self.storage.read_record_cached(e)).collect();
-        let records: Vec<silt_storage::Result<Record>> = if cached.iter().all(Option::is_some) {
-            cached.into_iter().flatten().collect()
-        } else {
-            let storage = self.storage.clone();
-            let read = tokio::task::spawn_blocking(move || {
-                entries.iter().zip(cached).map(|(e, c)| c.unwrap_or_else(|| storage.read_record(e))).collect()
-            });
-            match read.await {
-                Ok(records) => records,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading retained messages failed");
-                    return Vec::new();
-                }
-            }
-        };
-        records
-            .into_iter()
-            .filter_map(|r| match r {
-                Ok(r) => {
-                    // A copied-forward message carries its topic only in the key.
-                    let key = r.key.clone().filter(|_| r.topic.is_empty());
-                    let mut m = Message::from_record(r);
-                    if let Some(k) = key {
-                        m.topic = String::from_utf8_lossy(&k).into_owned();
-                    }
-                    Some(m)
-                }
-                Err(err) if err.kind() == silt_storage::ErrorKind::Expired => None, // gone: no longer retained
-                Err(err) => {
-                    tracing::warn!(error = %err, "retained message unreadable");
-                    None
-                }
-            })
-            .collect()
+        crate::retained::read_messages(&self.storage, entries).await
     }
 
     /// The `$SYS/...` topics whose retained figure the local log still holds. The figures are

@@ -14,6 +14,8 @@ use silt_dataset::RetainedIndex;
 use silt_storage::{IndexEntry, Record, Storage};
 use silt_types::{LogPosition, Partition, Timestamp, TopicFilter};
 
+use crate::message::Message;
+
 /// Internal stream of retained-message pointers.
 pub const RETAINED_STREAM: &str = "__silt_retained";
 
@@ -320,6 +322,48 @@ fn walk(root: &Node, levels: &[&str], out: &mut Vec<IndexEntry>) {
             l => stack.extend(node.children.get(l).map(|c| (c, depth + 1))),
         }
     }
+}
+
+/// The retained messages `entries` point at, oldest first: from the tail cache when it holds
+/// them; otherwise the reads (segment files, the object store) go to the blocking pool, off
+/// the caller's runtime thread. Messages gone (expired) or unreadable are left out.
+pub(crate) async fn read_messages(storage: &Arc<Storage>, entries: Vec<IndexEntry>) -> Vec<Message> {
+    let cached: Vec<Option<silt_storage::Result<Record>>> =
+        entries.iter().map(|e| storage.read_record_cached(e)).collect();
+    let records: Vec<silt_storage::Result<Record>> = if cached.iter().all(Option::is_some) {
+        cached.into_iter().flatten().collect()
+    } else {
+        let storage = Arc::clone(storage);
+        let read = tokio::task::spawn_blocking(move || {
+            entries.iter().zip(cached).map(|(e, c)| c.unwrap_or_else(|| storage.read_record(e))).collect()
+        });
+        match read.await {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading retained messages failed");
+                return Vec::new();
+            }
+        }
+    };
+    records
+        .into_iter()
+        .filter_map(|r| match r {
+            Ok(r) => {
+                // A copied-forward message carries its topic only in the key.
+                let key = r.key.clone().filter(|_| r.topic.is_empty());
+                let mut m = Message::from_record(r);
+                if let Some(k) = key {
+                    m.topic = String::from_utf8_lossy(&k).into_owned();
+                }
+                Some(m)
+            }
+            Err(err) if err.kind() == silt_storage::ErrorKind::Expired => None, // gone: no longer retained
+            Err(err) => {
+                tracing::warn!(error = %err, "retained message unreadable");
+                None
+            }
+        })
+        .collect()
 }
 
 /// The broker's retained store as the append path sees it.

@@ -40,15 +40,26 @@ impl Collection for BTreeMap<String, SharedMembership> {
 }
 
 impl<T: Collection> Sparse<T> {
-    /// Applies `f` to the collection (allocated if there was none), and frees it if `f` left
-    /// it empty.
+    /// Applies `f` to the collection, and frees it if `f` left it empty. Without one, `f`
+    /// gets an empty collection, boxed only if `f` fills it (a removal allocates nothing).
     pub fn modify<R>(&mut self, f: impl FnOnce(&mut T) -> R) -> R {
-        let c = self.0.get_or_insert_with(Box::default);
-        let r = f(c);
-        if c.is_empty() {
-            self.0 = None;
+        match &mut self.0 {
+            Some(c) => {
+                let r = f(c);
+                if c.is_empty() {
+                    self.0 = None;
+                }
+                r
+            }
+            None => {
+                let mut c = T::default();
+                let r = f(&mut c);
+                if !c.is_empty() {
+                    self.0 = Some(Box::new(c));
+                }
+                r
+            }
         }
-        r
     }
 
     /// The collection, leaving none.
@@ -67,11 +78,8 @@ impl<T: Collection> Deref for Sparse<T> {
     }
 }
 
-impl<T: Collection> FromIterator<T::Item> for Sparse<T>
-where
-    T: IntoIterator + FromIterator<<T as IntoIterator>::Item>,
-{
-    fn from_iter<I: IntoIterator<Item = T::Item>>(iter: I) -> Self {
+impl<T: Collection + FromIterator<A>, A> FromIterator<A> for Sparse<T> {
+    fn from_iter<I: IntoIterator<Item = A>>(iter: I) -> Self {
         let mut s = Self::default();
         s.modify(|c| *c = iter.into_iter().collect());
         s
