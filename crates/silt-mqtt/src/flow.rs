@@ -201,12 +201,16 @@ fn next(id: u16) -> u16 {
     if id == u16::MAX { 1 } else { id + 1 }
 }
 
+/// A topic alias map, boxed and made at its first alias: most clients never set one, and
+/// every connection keeps the field.
+#[allow(clippy::box_collection, reason = "8 bytes when unused, where an empty map is 48")]
+pub(crate) type AliasMap<K, V> = Option<Box<HashMap<K, V>>>;
+
 /// Topic aliases a peer set on its PUBLISHes (MQTT 5.0 §3.3.2.3.4). The map is boxed and made
 /// at the first alias: most clients never set one, and every connection keeps this.
 #[derive(Default)]
 pub struct InboundAliases {
-    #[allow(clippy::box_collection, reason = "8 bytes when unused, where an empty map is 48")]
-    map: Option<Box<HashMap<u16, String>>>,
+    map: AliasMap<u16, String>,
     max: u16,
 }
 
@@ -214,6 +218,16 @@ impl InboundAliases {
     /// `max` is the Topic Alias Maximum we announced (0: aliases not accepted).
     pub fn new(max: u16) -> Self {
         Self { map: None, max }
+    }
+
+    /// The aliases apart, map and maximum: kept so by a parked connection, which saves the
+    /// padding the struct has around its `u16` (see [`crate::server::Parked`]).
+    pub(crate) fn into_parts(self) -> (AliasMap<u16, String>, u16) {
+        (self.map, self.max)
+    }
+
+    pub(crate) fn from_parts(map: AliasMap<u16, String>, max: u16) -> Self {
+        Self { map, max }
     }
 
     /// Fills in the topic of a PUBLISH carrying `topic` and maybe `alias` (in place: a PUBLISH
@@ -242,14 +256,22 @@ impl InboundAliases {
 /// and made at the first alias defined (see [`InboundAliases`]).
 #[derive(Default)]
 pub struct OutboundAliases {
-    #[allow(clippy::box_collection, reason = "8 bytes when unused, where an empty map is 48")]
-    map: Option<Box<HashMap<String, u16>>>,
+    map: AliasMap<String, u16>,
     max: u16,
 }
 
 impl OutboundAliases {
     pub fn new(max: u16) -> Self {
         Self { map: None, max }
+    }
+
+    /// The aliases apart (see [`InboundAliases::into_parts`]).
+    pub(crate) fn into_parts(self) -> (AliasMap<String, u16>, u16) {
+        (self.map, self.max)
+    }
+
+    pub(crate) fn from_parts(map: AliasMap<String, u16>, max: u16) -> Self {
+        Self { map, max }
     }
 
     /// `(alias, send the topic name too)` for a PUBLISH on `topic`. A new alias is only

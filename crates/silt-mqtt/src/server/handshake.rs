@@ -163,7 +163,7 @@ impl<T> Connection<T> {
         let cp = &connect.properties;
         self.keep_alive = server_keep_alive.unwrap_or(connect.keep_alive);
         self.last_input = now;
-        self.inbound_aliases = InboundAliases::new(if v.is_v5() { s.topic_alias_maximum } else { 0 });
+        self.inbound_aliases = InboundAliases::new(super::inbound_alias_max(v, &s));
         self.inflight = Outbound::new(cp.receive_maximum.map_or(s.max_inflight, |r| r.min(s.max_inflight)));
         self.client_max_packet = cp.maximum_packet_size.unwrap_or(u32::MAX);
         self.problem_information = cp.request_problem_information.unwrap_or(true);

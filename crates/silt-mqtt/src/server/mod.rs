@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use crate::codec::{decode, decode_connect};
-use crate::flow::{InboundAliases, Outbound, OutboundAliases, keep_alive_deadline};
+use crate::flow::{AliasMap, InboundAliases, Outbound, OutboundAliases, keep_alive_deadline};
 use crate::packet::{Disconnect, Packet, Will};
 use crate::reason::ReasonCode;
 use crate::types::{PacketType, ProtocolVersion};
@@ -128,17 +128,25 @@ pub struct Connection<T> {
 pub struct Parked {
     last_input: Instant,
     will: Option<Box<Will>>,
-    inbound_aliases: InboundAliases,
-    outbound_aliases: OutboundAliases,
+    /// The topic alias maps without their structs' padding: 64 bytes, not 80. The inbound
+    /// maximum is our setting ([`inbound_alias_max`]); the outbound one is the client's.
+    inbound_aliases: AliasMap<u16, String>,
+    outbound_aliases: AliasMap<String, u16>,
     client_max_packet: u32,
     session_expiry: u32,
     next_token: u32,
     /// The outbound window's next packet id and size ([`Outbound::at_rest`]).
     window: (u16, u16),
     keep_alive: u16,
+    outbound_alias_max: u16,
     version: ProtocolVersion,
     problem_information: bool,
     connect_expiry_zero: bool,
+}
+
+/// The Topic Alias Maximum we announce: aliases are MQTT 5.0's.
+fn inbound_alias_max(version: ProtocolVersion, settings: &Settings) -> u16 {
+    if version.is_v5() { settings.topic_alias_maximum } else { 0 }
 }
 
 impl Parked {
@@ -184,11 +192,14 @@ impl<T> Connection<T> {
             subscribes: _,
             unsubscribes: _,
         } = self;
+        let (inbound_aliases, _) = inbound_aliases.into_parts();
+        let (outbound_aliases, outbound_alias_max) = outbound_aliases.into_parts();
         Ok(Parked {
             last_input,
             will,
             inbound_aliases,
             outbound_aliases,
+            outbound_alias_max,
             client_max_packet,
             session_expiry,
             next_token,
@@ -224,12 +235,12 @@ impl<T> Connection<T> {
             transmit: BytesMut::new(),
             events: VecDeque::new(),
             next_token: p.next_token,
-            inbound_aliases: p.inbound_aliases,
+            inbound_aliases: InboundAliases::from_parts(p.inbound_aliases, inbound_alias_max(p.version, &settings)),
             stores: VecDeque::new(),
             stores_counted: 0,
             awaiting_release: BTreeSet::new(),
             inflight: Outbound::resume(p.window),
-            outbound_aliases: p.outbound_aliases,
+            outbound_aliases: OutboundAliases::from_parts(p.outbound_aliases, p.outbound_alias_max),
             client_max_packet: p.client_max_packet,
             problem_information: p.problem_information,
             session_expiry: p.session_expiry,
@@ -564,6 +575,14 @@ impl<T> Connection<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a driver keeps per idle connection: 64 bytes, a whole allocator size class, and
+    /// the largest part of a resting connection's task (see silt-broker's
+    /// `the_connection_future_stays_small`).
+    #[test]
+    fn a_parked_connection_fits_64_bytes() {
+        assert_eq!(std::mem::size_of::<Parked>(), 64);
+    }
 
     #[test]
     fn an_idle_connection_gives_its_queues_back() {

@@ -235,6 +235,36 @@ fn a_parked_connection_goes_on_as_it_was() {
     assert_eq!(will_of(&w), Some(("wills/mortal".into(), Duration::ZERO)), "the will is kept");
 }
 
+/// The Topic Alias Maximum we announced holds after a rest as before it: the parked form
+/// keeps the client's aliases, and takes our limit from the settings again.
+#[test]
+fn a_parked_connection_keeps_our_topic_alias_limit() {
+    let mut w = World::connected(Connect::new(V5, "alias", 60));
+    let max = w.settings.topic_alias_maximum;
+    assert!(max > 0, "the harness accepts aliases");
+    let mut within = crate::harness::publish("in/last", b"1", QoS::AtMostOnce);
+    within.properties.topic_alias = Some(max);
+    w.client.publish(within);
+    w.run();
+    assert!(w.park_and_resume());
+    let mut beyond = crate::harness::publish("in/beyond", b"2", QoS::AtMostOnce);
+    beyond.properties.topic_alias = Some(max + 1);
+    w.client.publish(beyond);
+    w.run();
+    let stored: Vec<&str> = w.broker.log.iter().map(|p| p.topic.as_str()).collect();
+    assert_eq!(stored, ["in/last"], "the alias above the limit is refused, not stored");
+    let reasons: Vec<ReasonCode> = w
+        .client
+        .received
+        .iter()
+        .filter_map(|p| match p {
+            Packet::Disconnect(d) => Some(d.reason_code),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons, [ReasonCode::TopicAliasInvalid]);
+}
+
 /// A connection with anything in flight is not at rest: parking gives it back whole.
 #[test]
 fn a_connection_with_work_in_flight_is_not_parked() {
