@@ -13,14 +13,20 @@
 //!   life of the connection. With none left, the CONNECT is refused with Quota exceeded
 //!   (0x97; 3.1.1: server unavailable), before any session is touched.
 //!
+//! A connection holds one slot or the other from its arrival to its end (the open slot is taken
+//! before the pending one is given back), so the slots also count the connections still
+//! running: [`Admission::drained`] is the servers' wait for them at shutdown, with no entry
+//! per connection and nothing in its task's future.
+//!
 //! So memory before authentication is bounded by `max_pending_connections ×
 //! max_connect_size` plus the transports' buffers — except WebSocket, whose messages
 //! tungstenite assembles whole (up to `max_packet_size`) before Silt sees them.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 
 struct Entry {
     evict: Arc<Notify>,
@@ -38,7 +44,11 @@ struct Pending {
 pub struct Admission {
     max_pending: usize,
     pending: Mutex<Pending>,
-    open: Arc<Semaphore>,
+    open: Semaphore,
+    /// Slots held, pending or open: the connections still running.
+    held: AtomicUsize,
+    /// Told when the last slot is given back.
+    drained: Notify,
 }
 
 /// What [`Admission::arrive`] did to make room.
@@ -55,7 +65,9 @@ impl Admission {
         Arc::new(Admission {
             max_pending,
             pending: Mutex::new(Pending::default()),
-            open: Arc::new(Semaphore::new(max_open)),
+            open: Semaphore::new(max_open),
+            held: AtomicUsize::new(0),
+            drained: Notify::new(),
         })
     }
 
@@ -78,13 +90,34 @@ impl Admission {
         p.next_id += 1;
         let evict = Arc::new(Notify::new());
         p.entries.insert(id, Entry { evict: evict.clone(), waiting: false });
+        self.held.fetch_add(1, Ordering::AcqRel);
         let slot = PendingSlot { admission: self.clone(), id, evict };
         if evicted { Arrival::Evicted(slot) } else { Arrival::Admitted(slot) }
     }
 
     /// An open slot for a connection whose CONNECT is being accepted, if one is left.
-    pub fn open(&self) -> Option<OwnedSemaphorePermit> {
-        self.open.clone().try_acquire_owned().ok()
+    pub fn open(self: &Arc<Self>) -> Option<OpenSlot> {
+        self.open.try_acquire().ok()?.forget();
+        self.held.fetch_add(1, Ordering::AcqRel);
+        Some(OpenSlot(self.clone()))
+    }
+
+    /// Resolves once every slot is given back: every connection admitted has ended.
+    pub async fn drained(&self) {
+        loop {
+            let mut told = std::pin::pin!(self.drained.notified());
+            told.as_mut().enable();
+            if self.held.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            told.await;
+        }
+    }
+
+    fn release(&self) {
+        if self.held.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.drained.notify_waiters();
+        }
     }
 
     /// Connections holding a pending slot.
@@ -115,9 +148,22 @@ impl PendingSlot {
     }
 }
 
+/// A connection's open slot, held for its life and given back when dropped. One pointer, where
+/// tokio's owned permit is two words: every connection keeps it, resting ones too (see
+/// `the_connection_future_stays_small`).
+pub struct OpenSlot(Arc<Admission>);
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0.open.add_permits(1);
+        self.0.release();
+    }
+}
+
 impl Drop for PendingSlot {
     fn drop(&mut self) {
         self.admission.lock().entries.remove(&self.id);
+        self.admission.release();
     }
 }
 
@@ -164,5 +210,25 @@ mod tests {
         let _pending = slot(&a);
         drop(held);
         assert!(a.open().is_some());
+    }
+
+    /// A connection counts from its arrival to its end, across the hand-over from its pending
+    /// slot to its open one, evicted or not: the wait at shutdown ends with the last of them.
+    #[test]
+    fn drained_waits_for_every_connection_admitted() {
+        use futures_util::FutureExt;
+        let a = Admission::new(1, 4);
+        assert!(a.drained().now_or_never().is_some(), "nothing admitted: drained");
+        let evicted = slot(&a);
+        let accepted = slot(&a);
+        assert_eq!(a.pending(), 1, "the first was evicted for the second");
+        let open = a.open().expect("an open slot");
+        drop(accepted);
+        let mut drained = std::pin::pin!(a.drained());
+        assert!(drained.as_mut().now_or_never().is_none(), "the open connection still runs");
+        drop(open);
+        assert!(drained.as_mut().now_or_never().is_none(), "the evicted one has not ended yet");
+        drop(evicted);
+        assert!(drained.now_or_never().is_some(), "every slot given back");
     }
 }

@@ -111,9 +111,9 @@ pub struct Connected {
     pub session_present: bool,
     pub conn: ConnId,
     /// Wakes the connection for new messages, and tells it to close when another connection
-    /// takes its client id over or an operator closes it.
+    /// takes its client id over or an operator closes it. It carries the client id, the one
+    /// copy the session and the broker's maps share.
     pub signal: Arc<Signal>,
-    pub client_id: ClientId,
 }
 
 impl Broker {
@@ -305,8 +305,7 @@ impl Broker {
     ) -> Result<Connected, ConnectRefused> {
         let owner = SessionOwner { user: user.map(str::to_owned) };
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
-        let signal = Arc::new(Signal::default());
-        let (existing, old_owner, client_id) = loop {
+        let (existing, old_owner, signal) = loop {
             if self.state().ending.contains(client_id) {
                 // An admin delete of this session is writing its tombstone (milliseconds).
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -333,9 +332,11 @@ impl Broker {
                 Some((id, s)) => (id, Some(s)),
                 None => (ClientId::from(client_id), None),
             };
-            let old = st.owners.insert(id.clone(), Owner { conn, signal: signal.clone() });
-            break (checked, old, id);
+            let signal = Arc::new(Signal::new(id));
+            let old = st.owners.insert(signal.client_id().clone(), Owner { conn, signal: signal.clone() });
+            break (checked, old, signal);
         };
+        let client_id = signal.client_id().clone();
         if let Some(old) = old_owner {
             old.signal.kick(Kick::TakenOver);
         }
@@ -364,7 +365,7 @@ impl Broker {
         }
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
-        Ok(Connected { session, session_present: present, conn, signal, client_id })
+        Ok(Connected { session, session_present: present, conn, signal })
     }
 
     fn new_session(&self, client_id: ClientId, expiry_secs: u32) -> SessionRef {

@@ -34,10 +34,10 @@ use silt_mqtt::{PacketId, PublishProperties, PublishView, QoS, Will};
 use silt_storage::Appended;
 use silt_types::Timestamp;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::admission::{Admission, PendingSlot};
+use crate::admission::{Admission, OpenSlot, PendingSlot};
 use crate::auth::{Access, AuthError};
 use crate::broker::{Broker, ConnId, GroupRef, Kick, SessionRef, Signal};
 use crate::config::MqttConfig;
@@ -50,12 +50,12 @@ mod inbound;
 mod outbound;
 mod rest;
 
-use rest::next;
+pub(crate) use rest::Task;
 
 /// How long a client has to send CONNECT.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The read buffer a connection starts with, for its CONNECT; freed once the packets that came
-/// with it are handled. Not of the size class of the task every connection keeps (384 bytes, see
+/// with it are handled. Not of the size class of the task every connection keeps (256 bytes, see
 /// `the_connection_future_stays_small`; it was 512 when this was chosen): a buffer freed from
 /// that class leaves a hole beside each idle connection's task that the allocator cannot return
 /// (measured, BENCHMARKS.md: 0.38 KiB of RSS per idle connection). Freed memory of a size class
@@ -124,7 +124,7 @@ pub(crate) fn run<S>(
     peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
     admitted: Admitted,
-) -> impl Future<Output = ()> + Send
+) -> Task<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -132,30 +132,24 @@ where
     // buffers grow with traffic.
     let inbuf = BytesMut::with_capacity(HANDSHAKE_BUFFER);
     let core = Core::new(Instant::now().into_std(), settings(&broker.config), rand_u64());
-    // The rarely-run steps are boxed so that the future every connection keeps alive stays
-    // small: its size is that of its largest state. So is a working connection with the loop
-    // it serves in: an idle one rests in the small form of [`Resting`], and only that is
-    // inline.
-    let accept = Box::pin(Conn::accept(broker, stream, inbuf, core, peer, shutdown, admitted));
-    async move {
-        let Some(conn) = accept.await else { return };
-        // The working connection lives inside the boxed loop it serves in: one allocation per
-        // wake-up, not two. No binding here holds a `Conn` across an await (that would put
-        // its 728 bytes into every connection's task): each moves on before the next await.
-        let mut serving = next(conn).await;
-        let conn = loop {
-            let (conn, served) = serving.await;
-            if let Served::Closed = served {
-                break conn;
-            }
-            serving = next(conn).await;
-        };
-        Box::pin(conn.finish()).await;
+    // The handshake is boxed, as is a working connection with the loop it serves in: the
+    // task every connection keeps is its resting form ([`Task`]).
+    Task::Accepting(Box::pin(Conn::accept(broker, stream, inbuf, core, peer, shutdown, admitted)))
+}
+
+/// The client's username, if it gave one: a pointer to the boxed name, one word where
+/// `Option<Box<str>>` is two and `String` three. Every connection's task keeps it, resting
+/// ones too; only a client that gives a name pays the second allocation.
+struct Username(Option<Box<Box<str>>>);
+
+impl Username {
+    fn as_deref(&self) -> Option<&str> {
+        self.0.as_deref().map(|name| &**name)
     }
 }
 
 /// Why [`Conn::serve`] returned.
-enum Served {
+pub(crate) enum Served {
     Closed,
     /// A quiet commit interval passed with nothing in flight: the connection may rest.
     Idle,
@@ -176,7 +170,7 @@ fn settings(cfg: &MqttConfig) -> Settings {
     }
 }
 
-struct Conn<S> {
+pub(crate) struct Conn<S> {
     broker: Arc<Broker>,
     /// The client's byte stream, whole: it is read only while nothing is being written (the
     /// loop writes, then waits), so it needs no split into halves (an allocation and a lock
@@ -187,15 +181,12 @@ struct Conn<S> {
     /// 64 bytes `read_buf` reserves, and the buffer grows again from what arrives.
     inbuf_released: bool,
     core: Core,
-    peer: SocketAddr,
-    client_id: crate::session::ClientId,
-    /// Boxed, not a `String`: 8 bytes less in every resting connection's task.
-    username: Option<Box<str>>,
+    username: Username,
     session: SessionRef,
     conn_id: ConnId,
-    /// New messages to pull, or a kick (a takeover, an operator's close).
+    /// New messages to pull, or a kick (a takeover, an operator's close, the server's
+    /// shutdown: [`Broker::kick_all`], and see [`Conn::accept`]).
     wake: Arc<Signal>,
-    shutdown: watch::Receiver<bool>,
     /// Inbound publishes handed to the log, oldest first, with when each arrived: a QoS 1/2
     /// one (with its token) awaits durability for its acknowledgement; a QoS 0 one (no token)
     /// only for the work its append finishes (a retained pointer, a stream's registration).
@@ -213,7 +204,7 @@ struct Conn<S> {
     /// Boxed: set once, at the close; every connection keeps the field.
     closed: Option<Box<Closed>>,
     /// The connection's open slot (`mqtt.max_connections`), held for its life.
-    _open: OwnedSemaphorePermit,
+    _open: OpenSlot,
 }
 
 impl<S> Conn<S>
@@ -282,6 +273,14 @@ where
                         // CONNECT must not cancel the owner's will.
                         broker.cancel_will(&client_id);
                         let wake = connected.signal;
+                        // The server's shutdown reaches a connection as a kick of its signal
+                        // (`Broker::kick_all`, sent once the accept loop saw the shutdown): a
+                        // working or resting connection keeps no receiver of its own. This one
+                        // was registered (in `connect`) before this look, so a shutdown it does
+                        // not see here kicks it later.
+                        if *shutdown.borrow() || shutdown.has_changed().is_err() {
+                            wake.kick(Kick::Shutdown);
+                        }
                         {
                             let s = connected.session.lock().await;
                             let awaiting_release = s.inbound_qos2.iter().filter_map(|&id| PacketId::new(id));
@@ -294,13 +293,10 @@ where
                             inbuf,
                             inbuf_released: false,
                             core,
-                            peer,
-                            client_id: connected.client_id,
-                            username,
+                            username: Username(username.map(Box::new)),
                             session: connected.session,
                             conn_id: connected.conn,
                             wake,
-                            shutdown,
                             stores: VecDeque::new(),
                             group: None,
                             retained_queue: VecDeque::new(),
@@ -315,7 +311,7 @@ where
                             conn.broker.disconnect(conn.conn_id, &conn.session).await;
                             return None;
                         }
-                        tracing::debug!(client_id = %conn.client_id, %peer, version = %conn.core.version(),
+                        tracing::debug!(client_id = %conn.wake.client_id(), %peer, version = %conn.core.version(),
                             present = connected.session_present, "client connected");
                         conn.restore_inflight().await;
                         return Some(conn);
@@ -354,7 +350,7 @@ where
     /// nothing in flight and nothing to do ([`Served::Idle`]: it may rest); gives it back.
     ///
     /// Not an `async fn`: that keeps its argument twice, as the argument and as the binding its
-    /// body moves it to (the connection's 728 bytes again in the box every wake-up allocates).
+    /// body moves it to (the connection's 640 bytes again in the box every wake-up allocates).
     /// The block captures the connection once.
     fn serve(self) -> impl Future<Output = (Self, Served)> + Send {
         let mut conn = self;
@@ -411,7 +407,7 @@ where
                 };
                 if qos2 && let Err(e) = self.broker.persist(&self.session).await {
                     // Without the record, a restart could resend these as new messages.
-                    tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 state not persisted");
+                    tracing::warn!(client_id = %self.wake.client_id(), error = %e, "QoS 2 state not persisted");
                     self.core.close(Close::Error(
                         silt_mqtt::ReasonCode::UnspecifiedError,
                         "the session's QoS 2 state could not be stored",
@@ -445,7 +441,6 @@ where
             let mut ticked = false;
             tokio::select! {
                 biased;
-                _ = self.shutdown.changed() => self.core.close(Close::Shutdown),
                 ack = async { (&mut self.stores.front_mut().expect("invariant: guarded").1).await }, if has_pending => {
                     self.stored(ack);
                     self.stored_ready();
@@ -550,7 +545,7 @@ where
         match result {
             Ok(_) => Stored::Durable,
             Err(e) => {
-                tracing::warn!(client_id = %self.client_id, error = %e, "publish not durable");
+                tracing::warn!(client_id = %self.wake.client_id(), error = %e, "publish not durable");
                 Stored::Failed
             }
         }
@@ -564,14 +559,14 @@ where
             (s.dirty, s.shared.keys().cloned().collect::<Vec<_>>())
         };
         if dirty && let Err(e) = self.broker.persist(&self.session).await {
-            tracing::warn!(client_id = %self.client_id, error = %e, "cursor commit failed");
+            tracing::warn!(client_id = %self.wake.client_id(), error = %e, "cursor commit failed");
         }
         for key in &keys {
             if let Some(g) = self.broker.group(key)
                 && g.lock().await.dirty
                 && let Err(e) = self.broker.persist_group(&g).await
             {
-                tracing::warn!(client_id = %self.client_id, error = %e, "shared cursor commit failed");
+                tracing::warn!(client_id = %self.wake.client_id(), error = %e, "shared cursor commit failed");
             }
         }
         !keys.is_empty()
@@ -603,9 +598,9 @@ where
         self.broker.disconnect(self.conn_id, &self.session).await;
         let (reason, will) = self.closed.take().map(|c| *c).unzip();
         if let Some(DelayedWill { will, delay }) = will.flatten() {
-            self.broker.schedule_will(&self.client_id, will_message(*will, &self.client_id), delay);
+            self.broker.schedule_will(self.wake.client_id(), will_message(*will, self.wake.client_id()), delay);
         }
-        tracing::debug!(client_id = %self.client_id, peer = %self.peer, reason = ?reason, "client disconnected");
+        tracing::debug!(client_id = %self.wake.client_id(), reason = ?reason, "client disconnected");
     }
 }
 
@@ -684,16 +679,17 @@ mod tests {
             std::mem::size_of::<F>()
         }
         let size = future_size(crate::server::serve_one);
-        // 272 bytes in a debug build today: the resting form of a connection and the wait for
-        // its next work (the handshake is boxed, and so is the working state together with the
-        // loop it serves in; keep alive's timer is the broker's, `keep_alive`). tokio's task
-        // cell adds 104 bytes (header, scheduler, id, the stage's tag, trailer) and is aligned
-        // to 128: up to 280 bytes the task is 384, an allocator size class; a little more
-        // costs 512 on every idle connection (and `HANDSHAKE_BUFFER` is chosen to be of
-        // another class). It was 400 with a timer of its own, 936 with a `select!` of the
-        // rest's waits in an `async fn`, 1,568 when a connection kept its working form while
-        // idle.
-        assert!(size <= 280, "the connection future grew to {size} bytes");
+        // 152 bytes today: a connection's resting form ([`super::Task`]: the handshake, the
+        // working connection with the loop it serves in and the close are boxed; keep alive's
+        // timer is the broker's, `keep_alive`; the client id is in the signal, the open slot
+        // one pointer). It is the whole future tokio spawns (no tracker's token around it).
+        // tokio's task cell adds 104 bytes at most (header, scheduler, id, the stage's tag,
+        // trailer) and is aligned to 128: up to 152 bytes the task is 256, an allocator size
+        // class; a little more costs 384 on every idle connection (and `HANDSHAKE_BUFFER` is
+        // of another class). It was 280 with an `async` block over combinators and a task
+        // tracker, 400 with a timer of its own, 936 with a `select!` of the rest's waits in an
+        // `async fn`, 1,568 when a connection kept its working form while idle.
+        assert!(size <= 152, "the connection future grew to {size} bytes");
         fn serve_size<S, F>(_: fn(S) -> F) -> usize {
             std::mem::size_of::<F>()
         }

@@ -1,7 +1,7 @@
 //! The keep alive deadlines of resting connections, in one ordered map per broker, woken by one
 //! task at each whole second. A resting connection's task then holds no timer of its own:
 //! tokio's `Sleep` is 112 bytes, and without it the task of an idle connection fits tokio's
-//! next smaller cell (384 bytes, not 512; see `the_connection_future_stays_small`). An entry
+//! next smaller cell (384 bytes then, not 512; see `the_connection_future_stays_small`). An entry
 //! here is a key and a pointer (about 40 bytes with the map's nodes).
 //!
 //! Hand-written: tokio's timer is per future (the thing saved here), and `tokio-util`'s

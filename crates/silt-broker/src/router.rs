@@ -11,6 +11,8 @@ use futures_util::task::AtomicWaker;
 use silt_storage::{DispatchListener, Dispatched};
 use silt_types::TopicFilter;
 
+use crate::session::ClientId;
+
 /// Identifies one network connection.
 pub type ConnId = u64;
 
@@ -22,9 +24,15 @@ pub type ConnId = u64;
 /// One task waits on a signal, its connection's: an [`AtomicWaker`] and a flag are all it
 /// needs (a `Notify` keeps a list of waiters, and each wait a node of 64 bytes in the
 /// waiting future).
+///
+/// The signal also carries its connection's client id: the connection reads it from here, so
+/// its task (resting ones' too) keeps no copy of the pointer (16 bytes), and the allocation
+/// every connection has anyway takes it in its padding's size class (see
+/// `the_connection_future_stays_small`).
 #[derive(Default)]
 pub struct Signal {
     waker: AtomicWaker,
+    client_id: ClientId,
     /// Woken since the connection last looked ([`Signal::poll_woken`]).
     woken: AtomicBool,
     kick: AtomicU8,
@@ -40,6 +48,16 @@ pub enum Kick {
 }
 
 impl Signal {
+    /// The signal of a connection of `client_id`.
+    pub fn new(client_id: ClientId) -> Self {
+        Signal { client_id, ..Signal::default() }
+    }
+
+    /// The client id of the signal's connection.
+    pub fn client_id(&self) -> &ClientId {
+        &self.client_id
+    }
+
     /// Something may be there to pull.
     pub fn wake(&self) {
         self.woken.store(true, Ordering::Release);

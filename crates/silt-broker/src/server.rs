@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio_util::task::TaskTracker;
 
 use crate::admission::{Admission, Arrival};
 use crate::broker::Broker;
@@ -48,9 +47,6 @@ async fn accept_loop(
     static FULL: LogLimit = LogLimit::new(log_limit::EVERY);
     static EVICTED: LogLimit = LogLimit::new(log_limit::EVERY);
     let kind = listener.kind();
-    // Connections' tasks, counted for the drain at shutdown. A tracker, not a `JoinSet`: that
-    // keeps an entry per task (64 bytes per idle connection) and has each finished task reaped.
-    let tasks = TaskTracker::new();
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
@@ -88,15 +84,18 @@ async fn accept_loop(
                 };
                 let _ = stream.set_nodelay(true);
                 let admitted = Admitted { slot, admission: admission.clone() };
-                tasks.spawn(serve_one(broker.clone(), listener.transport.clone(), stream, peer, admitted, shutdown.clone()));
+                // Detached: the admission's slots count the connections for the drain at
+                // shutdown (not a `JoinSet`, an entry per connection, nor a `TaskTracker`,
+                // 8 bytes in every connection's task).
+                tokio::spawn(serve_one(broker.clone(), listener.transport.clone(), stream, peer, admitted, shutdown.clone()));
             }
         }
     }
-    // Working connections see the same signal and close themselves; resting ones wait on
-    // their own signal only. Then wait for them all (bounded).
+    // Every connection past its handshake is told through its signal (one registering now
+    // sees the shutdown itself: `Conn::accept`); one still in its handshake sees `shutdown`.
+    // Then wait for them all, every listener's (bounded).
     broker.kick_all(Kick::Shutdown);
-    tasks.close();
-    if tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(10), admission.drained()).await.is_err() {
         tracing::warn!(kind, "some connections did not close within 10 s");
     }
 }
@@ -113,13 +112,11 @@ pub(crate) fn serve_one(
     peer: SocketAddr,
     admitted: Admitted,
     shutdown: watch::Receiver<bool>,
-) -> impl Future<Output = ()> + Send {
-    use futures_util::future::Either;
+) -> connection::Task<TcpStream> {
     if let Transport::Tcp = transport {
-        return Either::Left(connection::run(broker, stream, peer, shutdown, admitted));
+        return connection::run(broker, stream, peer, shutdown, admitted);
     }
-    // Boxed so that plain TCP connections don't carry the size of a TLS/WS handshake.
-    Either::Right(Box::pin(upgraded(broker, transport, stream, peer, shutdown, admitted)))
+    connection::Task::Other(Box::pin(upgraded(broker, transport, stream, peer, shutdown, admitted)))
 }
 
 async fn upgraded(

@@ -95,9 +95,9 @@ where
             return;
         }
         let denied = p.topic.starts_with("$SYS") // the broker's statistics are its own
-            || !self.broker.auth.allows_topic(self.username.as_deref(), &self.client_id, Access::Write, &p.topic);
+            || !self.broker.auth.allows_topic(self.username.as_deref(), self.wake.client_id(), Access::Write, &p.topic);
         if denied {
-            tracing::debug!(client_id = %self.client_id, topic = %p.topic, "publish not authorized");
+            tracing::debug!(client_id = %self.wake.client_id(), topic = %p.topic, "publish not authorized");
             if let Some(token) = token {
                 self.core.handle_stored(token, Stored::NotAuthorized);
             }
@@ -109,7 +109,7 @@ where
             .group
             .as_ref()
             .and_then(|g| g.publisher.clone())
-            .unwrap_or_else(|| Bytes::copy_from_slice(self.client_id.as_bytes()));
+            .unwrap_or_else(|| Bytes::copy_from_slice(self.wake.client_id().as_bytes()));
         let props = p.properties.into_inner();
         let message = Message {
             topic: p.topic,
@@ -156,7 +156,7 @@ where
             // answered, and answers come in order, so it waits in line (no task of its own).
             Ok(ack) => self.stores.push_back((tokens, ack, received)),
             Err(e) => {
-                tracing::warn!(client_id = %self.client_id, error = %e, "publish could not be stored");
+                tracing::warn!(client_id = %self.wake.client_id(), error = %e, "publish could not be stored");
                 for token in tokens {
                     self.core.handle_stored(token, Stored::Failed);
                 }
@@ -172,8 +172,9 @@ where
             for f in request.filters {
                 let o = f.options;
                 let (SubscriptionFilter::Plain(filter) | SubscriptionFilter::Shared { filter, .. }) = &f.filter;
-                if !self.broker.auth.allows_subscribe(self.username.as_deref(), &self.client_id, filter.as_str()) {
-                    tracing::debug!(client_id = %self.client_id, filter = %filter, "subscribe not authorized");
+                if !self.broker.auth.allows_subscribe(self.username.as_deref(), self.wake.client_id(), filter.as_str())
+                {
+                    tracing::debug!(client_id = %self.wake.client_id(), filter = %filter, "subscribe not authorized");
                     outcomes.push(Subscribed::NotAuthorized);
                     continue;
                 }
@@ -187,7 +188,7 @@ where
                     && session.subs.subs.len() + session.shared.len()
                         >= self.broker.config.max_subscriptions_per_session
                 {
-                    tracing::debug!(client_id = %self.client_id, filter = %filter, "subscribe over mqtt.max_subscriptions_per_session");
+                    tracing::debug!(client_id = %self.wake.client_id(), filter = %filter, "subscribe over mqtt.max_subscriptions_per_session");
                     outcomes.push(Subscribed::QuotaExceeded);
                     continue;
                 }
@@ -221,14 +222,14 @@ where
                 outcomes.push(match outcome {
                     Ok(existed) => Subscribed::Granted { existed },
                     Err(e) => {
-                        tracing::warn!(client_id = %self.client_id, error = %e, "subscribe failed");
+                        tracing::warn!(client_id = %self.wake.client_id(), error = %e, "subscribe failed");
                         Subscribed::Failed
                     }
                 });
             }
         }
         if let Err(e) = self.broker.persist(&self.session).await {
-            tracing::warn!(client_id = %self.client_id, error = %e, "session snapshot after SUBSCRIBE failed");
+            tracing::warn!(client_id = %self.wake.client_id(), error = %e, "session snapshot after SUBSCRIBE failed");
         }
         self.core.handle_subscribed(request.token, outcomes);
         self.want_pull = true;
@@ -250,7 +251,7 @@ where
             }
         }
         if let Err(e) = self.broker.persist(&self.session).await {
-            tracing::warn!(client_id = %self.client_id, error = %e, "session snapshot after UNSUBSCRIBE failed");
+            tracing::warn!(client_id = %self.wake.client_id(), error = %e, "session snapshot after UNSUBSCRIBE failed");
         }
         self.core.handle_unsubscribed(request.token, existed);
     }

@@ -63,7 +63,7 @@ where
                 continue;
             }
             let Some(record) = records.get(&o.entry().position).cloned() else {
-                tracing::warn!(client_id = %self.client_id, packet_id = o.packet_id, "in-flight message unreadable");
+                tracing::warn!(client_id = %self.wake.client_id(), packet_id = o.packet_id, "in-flight message unreadable");
                 self.session.lock().await.outbound_qos2.remove(o.packet_id);
                 match data.group {
                     Some(g) => g.lock().await.subs.settle(&data.settles),
@@ -101,7 +101,7 @@ where
             _ => false, // a shared-group delivery, or recorded already
         };
         if changed && let Err(e) = self.broker.persist(&self.session).await {
-            tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 release not persisted");
+            tracing::warn!(client_id = %self.wake.client_id(), error = %e, "QoS 2 release not persisted");
         }
     }
 
@@ -124,7 +124,7 @@ where
             // not resend a QoS 2 message the client has completed (it would be new to it).
             // A shared group's is recorded in the group's cursor too, in the same batch.
             if let Err(e) = Box::pin(self.broker.persist_with_group(&self.session, f.group.as_ref())).await {
-                tracing::warn!(client_id = %self.client_id, error = %e, "QoS 2 completion not persisted");
+                tracing::warn!(client_id = %self.wake.client_id(), error = %e, "QoS 2 completion not persisted");
             }
         }
     }
@@ -176,7 +176,7 @@ where
             &self.session,
             (session_parts, read_memberships),
             Some(self.conn_id),
-            &self.client_id,
+            self.wake.client_id(),
             now,
             room,
         )
@@ -184,7 +184,7 @@ where
         {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!(client_id = %self.client_id, error = %e, "delivery read failed");
+                tracing::warn!(client_id = %self.wake.client_id(), error = %e, "delivery read failed");
                 self.core.close(Close::Error(
                     silt_mqtt::ReasonCode::UnspecifiedError,
                     "messages for this session could not be read",
@@ -211,7 +211,7 @@ where
                     b
                 }
                 Err(e) => {
-                    tracing::warn!(client_id = %self.client_id, error = %e, "shared delivery read failed");
+                    tracing::warn!(client_id = %self.wake.client_id(), error = %e, "shared delivery read failed");
                     continue;
                 }
             };
@@ -323,7 +323,7 @@ where
             }
             Sent::TooLarge(f) => {
                 // The client could not accept it: the spec says discard, as if delivered.
-                tracing::debug!(client_id = %self.client_id, "message larger than the client's maximum packet size dropped");
+                tracing::debug!(client_id = %self.wake.client_id(), "message larger than the client's maximum packet size dropped");
                 self.settle_now(f.settles);
             }
             Sent::NoRoom(f) => {
@@ -338,7 +338,7 @@ where
     /// plain and shared subscriptions at every QoS, retained messages, resent deliveries.
     pub(super) fn may_receive(&self, topic: &str) -> bool {
         !self.broker.auth.has_acl()
-            || self.broker.auth.allows_topic(self.username.as_deref(), &self.client_id, Access::Read, topic)
+            || self.broker.auth.allows_topic(self.username.as_deref(), self.wake.client_id(), Access::Read, topic)
     }
 
     /// Settles a message that will not be sent (denied by an ACL, too large for the client).

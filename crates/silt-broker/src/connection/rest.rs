@@ -2,37 +2,35 @@
 //! the parked protocol core) until it has work again; see the parent module.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::BytesMut;
 use silt_mqtt::server::{self, Close};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 
-use super::{Conn, Core, settings};
+use super::{Conn, Core, Served, settings};
+use crate::admission::OpenSlot;
 use crate::broker::{Broker, ConnId, SessionRef, Signal};
 
-/// An idle connection, kept in what it must remember while it waits for its next work: 248
-/// bytes where its working form is 728, and a wait far smaller than the loop it serves in
+/// An idle connection, kept in what it must remember while it waits for its next work: 152
+/// bytes where its working form is 640, and a wait far smaller than the loop it serves in
 /// (BENCHMARKS.md: about 0.7 KiB less per idle connection). See [`Conn::park`] and
-/// [`Resting::rest`].
-pub(super) struct Resting<S> {
+/// [`Resting::rest`]. No field of the working form that can be found elsewhere is kept: the
+/// client id is the signal's, the peer's address was logged at the CONNECT, and the server's
+/// shutdown comes as a kick.
+pub(crate) struct Resting<S> {
     broker: Arc<Broker>,
     io: S,
     core: server::Parked,
-    peer: SocketAddr,
-    client_id: crate::session::ClientId,
-    username: Option<Box<str>>,
+    username: super::Username,
     session: SessionRef,
     conn_id: ConnId,
     wake: Arc<Signal>,
-    shutdown: watch::Receiver<bool>,
-    _open: OwnedSemaphorePermit,
+    _open: OpenSlot,
 }
 
 /// What ended a rest.
@@ -51,37 +49,74 @@ enum Woken {
 /// not into a buffer every resting connection would keep.
 const WAKING_READ: usize = 256;
 
-/// A rest: what every idle connection's task holds. One poll over its two sources of work
-/// instead of a `select!` of their futures or an `async fn` (which would keep the resting form
-/// twice, its argument and the binding its body moves it to): a read and a signal need no
-/// state between polls. Keep alive's deadline wakes the signal too, from the broker's
-/// [`KeepAlive`](crate::keep_alive::KeepAlive), so no rest holds a timer.
-pub(super) struct Rest<S> {
-    resting: Option<Resting<S>>,
+/// A connection's task, written out as the states it moves through instead of an `async`
+/// block over combinators, so that the future every connection keeps is its resting form and
+/// little more: the block kept a tag per layer, 24 bytes on every idle connection (see
+/// `the_connection_future_stays_small`). Only [`Task::Resting`] is inline; the other states,
+/// short or busy, are boxed.
+pub(crate) enum Task<S> {
+    /// The handshake: the transport's bytes up to the CONNECT's answer.
+    Accepting(Pin<Box<dyn Future<Output = Option<Conn<S>>> + Send>>),
+    /// At rest, waiting for its next work.
+    Resting(Resting<S>),
+    /// Working: the connection inside the loop it serves in, one allocation per wake-up.
+    Working(Pin<Box<dyn Future<Output = (Conn<S>, Served)> + Send>>),
+    /// Closing ([`Conn::finish`]).
+    Finishing(Pin<Box<dyn Future<Output = ()> + Send>>),
+    /// A connection over another transport than the task's (TLS, WebSocket): its handshake
+    /// and its whole life in one box, so that plain TCP connections' tasks don't carry them
+    /// ([`crate::server::serve_one`]).
+    Other(Pin<Box<dyn Future<Output = ()> + Send>>),
+    Done,
 }
 
-impl<S> Future for Rest<S>
+impl<S> Task<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    type Output = Conn<S>;
+    /// The connection's next turn of work: at once if it has work ([`Conn::at_rest`] says
+    /// no), else a rest until it has.
+    fn next(conn: Conn<S>) -> Self {
+        match conn.park() {
+            Ok(resting) => Task::Resting(resting.rest()),
+            Err(working) => Task::Working(Box::pin(working.serve())),
+        }
+    }
+}
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Conn<S>> {
-        let resting = self.resting.as_mut().expect("invariant: a rest is not polled after it ended");
-        let mut buf = [0u8; WAKING_READ];
-        let mut read = ReadBuf::new(&mut buf);
-        let woken = if let Poll::Ready(r) = Pin::new(&mut resting.io).poll_read(cx, &mut read) {
-            match r {
-                Ok(()) if !read.filled().is_empty() => Woken::Read(BytesMut::from(read.filled())),
-                _ => Woken::Lost,
-            }
-        } else if resting.wake.poll_woken(cx).is_ready() {
-            Woken::Signal
-        } else {
-            return Poll::Pending;
-        };
-        let resting = self.resting.take().expect("invariant: checked above");
-        Poll::Ready(resting.wake(woken))
+impl<S> Future for Task<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let task = self.get_mut();
+        loop {
+            let next = match task {
+                Task::Accepting(accept) => match ready!(accept.as_mut().poll(cx)) {
+                    Some(conn) => Task::next(conn),
+                    None => Task::Done,
+                },
+                Task::Resting(resting) => {
+                    let woken = ready!(resting.poll_woken(cx));
+                    let Task::Resting(resting) = std::mem::replace(task, Task::Done) else {
+                        unreachable!("invariant: matched above")
+                    };
+                    Task::Working(Box::pin(resting.wake(woken).serve()))
+                }
+                Task::Working(serving) => match ready!(serving.as_mut().poll(cx)) {
+                    (conn, Served::Idle) => Task::next(conn),
+                    (conn, Served::Closed) => Task::Finishing(Box::pin(conn.finish())),
+                },
+                Task::Finishing(done) | Task::Other(done) => {
+                    ready!(done.as_mut().poll(cx));
+                    Task::Done
+                }
+                Task::Done => return Poll::Ready(()),
+            };
+            *task = next;
+        }
     }
 }
 
@@ -89,15 +124,33 @@ impl<S> Resting<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    /// Waits for the connection's next work (bytes from the client, messages to pull, a kick,
-    /// keep alive running out) and returns the connection in its working form with that work
-    /// to do. The server's shutdown arrives as a kick ([`Broker::kick_all`]).
-    pub(super) fn rest(self) -> Rest<S> {
+    /// Begins the rest: keep alive's deadline goes to the broker's watch
+    /// ([`KeepAlive`](crate::keep_alive::KeepAlive)), so no rest holds a timer. The server's
+    /// shutdown arrives as a kick ([`Broker::kick_all`]).
+    fn rest(self) -> Self {
         self.broker.stats.resting.fetch_add(1, Ordering::Relaxed);
         if let Some(deadline) = self.deadline() {
             self.broker.keep_alive.watch(deadline, self.conn_id, &self.wake);
         }
-        Rest { resting: Some(self) }
+        self
+    }
+
+    /// What ends the rest, once something does: bytes from the client (read into the poll's
+    /// stack, not into a buffer every resting connection would keep), the end of its stream,
+    /// or the signal. One poll over both sources of work: they need no state between polls.
+    fn poll_woken(&mut self, cx: &mut Context<'_>) -> Poll<Woken> {
+        let mut buf = [0u8; WAKING_READ];
+        let mut read = ReadBuf::new(&mut buf);
+        if let Poll::Ready(r) = Pin::new(&mut self.io).poll_read(cx, &mut read) {
+            return Poll::Ready(match r {
+                Ok(()) if !read.filled().is_empty() => Woken::Read(BytesMut::from(read.filled())),
+                _ => Woken::Lost,
+            });
+        }
+        if self.wake.poll_woken(cx).is_ready() {
+            return Poll::Ready(Woken::Signal);
+        }
+        Poll::Pending
     }
 
     /// The protocol's next deadline (keep alive's), unchanged while the connection rests.
@@ -135,7 +188,7 @@ where
 
     /// The working form again, with what the rest read.
     fn resume(self, inbuf: BytesMut) -> Conn<S> {
-        let Resting { broker, io, core, peer, client_id, username, session, conn_id, wake, shutdown, _open } = self;
+        let Resting { broker, io, core, username, session, conn_id, wake, _open } = self;
         let core = Core::unpark(core, settings(&broker.config));
         Conn {
             broker,
@@ -143,13 +196,10 @@ where
             inbuf_released: inbuf.capacity() == 0,
             inbuf,
             core,
-            peer,
-            client_id,
             username,
             session,
             conn_id,
             wake,
-            shutdown,
             stores: VecDeque::new(),
             group: None,
             retained_queue: VecDeque::new(),
@@ -159,25 +209,6 @@ where
             closed: None,
             _open,
         }
-    }
-}
-
-/// The connection's next turn of work: at once if it has work ([`Conn::at_rest`] says no),
-/// else once its rest ends. The loop it serves in is boxed together with it: one allocation
-/// while working, none while resting. A plain function, so that no binding of the connection
-/// lives beside the rest's own future (the future of `run` keeps every local that lives across
-/// an await), and so that every turn's loop is one type.
-pub(super) fn next<S>(
-    conn: Conn<S>,
-) -> impl Future<Output = Pin<Box<impl Future<Output = (Conn<S>, super::Served)> + Send>>> + Send
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
-{
-    use futures_util::FutureExt;
-    use futures_util::future::Either;
-    match conn.park() {
-        Ok(resting) => Either::Left(resting.rest().map(|conn| Box::pin(conn.serve()))),
-        Err(working) => Either::Right(std::future::ready(Box::pin(working.serve()))),
     }
 }
 
@@ -197,10 +228,6 @@ where
             && self.inbuf.is_empty()
             && self.closed.is_none()
             && self.wake.kicked().is_none()
-            // The shutdown reaches a resting connection only through its signal, as a kick
-            // (`Broker::kick_all`); one that began before that kick could reach it must close.
-            && !*self.shutdown.borrow()
-            && self.shutdown.has_changed().is_ok()
     }
 
     /// The connection in its resting form, if it is at rest ([`Conn::at_rest`]); otherwise
@@ -219,13 +246,10 @@ where
             inbuf: _,
             inbuf_released: _,
             core,
-            peer,
-            client_id,
             username,
             session,
             conn_id,
             wake,
-            shutdown,
             stores: _,
             group: _,
             retained_queue: _,
@@ -236,6 +260,6 @@ where
             _open,
         } = self;
         let Ok(core) = core.park() else { unreachable!("invariant: the core is at rest (checked above)") };
-        Ok(Resting { broker, io, core, peer, client_id, username, session, conn_id, wake, shutdown, _open })
+        Ok(Resting { broker, io, core, username, session, conn_id, wake, _open })
     }
 }
